@@ -1,0 +1,35 @@
+"""Every error etcd-leases raises is a :class:`LeaseError`.
+
+Bad arguments are also the built-in ``TypeError`` / ``ValueError`` so callers that
+already catch those keep working; backend failures never surface as raw gRPC errors.
+"""
+
+from __future__ import annotations
+
+
+class LeaseError(Exception):
+    """Root of every error this library raises."""
+
+
+class LeaseTypeError(LeaseError, TypeError):
+    """An argument has the wrong type; nothing was sent to the backend."""
+
+
+class LeaseValueError(LeaseError, ValueError):
+    """An argument has a bad value; nothing was sent to the backend."""
+
+
+class BackendUnavailable(LeaseError):
+    """No endpoint answered in time, or none has a leader."""
+
+
+class PermissionDenied(LeaseError):
+    """The backend refused the credentials or the operation."""
+
+
+class ProviderClosed(LeaseError):
+    """The provider was closed; it cannot be used any more."""
+
+
+class BackendError(LeaseError):
+    """The backend answered with an error this library does not expect."""

@@ -1,0 +1,430 @@
+"""How requests reach etcd and how its errors come back.
+
+A small asyncio client over ``grpc.aio`` for the calls etcd-leases needs. It owns
+the channels (one per endpoint, TLS when asked), username/password auth, endpoint
+failover and retries, and turns every gRPC error into a :class:`LeaseError`.
+
+Only idempotent calls are retried here: ranges, grants with a client-chosen lease
+ID, revokes and keep-alives. A transaction whose outcome is unknown surfaces as
+:class:`BackendUnavailable`; the provider settles it by re-reading the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+from google.protobuf.message import Message
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
+
+from etcd_leases.errors import (
+    BackendError,
+    BackendUnavailable,
+    LeaseError,
+    LeaseValueError,
+    PermissionDenied,
+    ProviderClosed,
+)
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+
+ResponseT = TypeVar("ResponseT", bound=Message)
+
+# etcd's error strings that decide what happens next (etcdserver/api/v3rpc/rpctypes).
+_NO_LEADER = ("no leader", "leader changed", "not capable", "request timed out")
+_INVALID_TOKEN = "invalid auth token"
+_LEASE_EXISTS = "lease already exists"
+_LEASE_NOT_FOUND = "requested lease not found"
+_AUTH_FAILED = ("authentication failed", "user name is empty", "permission denied")
+
+_CHANNEL_OPTIONS = [
+    # A restarted member must be reachable again within a second, not after
+    # gRPC's default backoff of up to two minutes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # Detect a frozen member under a long-lived stream.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.enable_retries", 0),
+]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    target: str
+    secure: bool
+
+
+def parse_endpoints(endpoints: str | Sequence[str], *, tls: bool) -> list[Endpoint]:
+    """``"h:p"``, ``"http(s)://h:p"``, comma-separated lists of them, or a sequence."""
+    items = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+    parsed: list[Endpoint] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise LeaseValueError(f"endpoints must be strings, got {type(item).__name__}")
+        for raw in item.split(","):
+            text = raw.strip()
+            scheme, sep, rest = text.partition("://")
+            if not sep:
+                scheme, rest = ("https" if tls else "http"), text
+            if scheme not in ("http", "https") or not rest or "/" in rest.rstrip("/"):
+                raise LeaseValueError(f"endpoints: cannot parse {raw!r} as [http(s)://]host:port")
+            parsed.append(Endpoint(rest.rstrip("/"), secure=scheme == "https"))
+    if not parsed:
+        raise LeaseValueError("endpoints must name at least one etcd member")
+    return parsed
+
+
+def _code(exc: grpc.aio.AioRpcError) -> grpc.StatusCode:
+    code: grpc.StatusCode = exc.code()
+    return code
+
+
+def _details(exc: grpc.aio.AioRpcError) -> str:
+    return exc.details() or ""
+
+
+def is_member_failure(exc: BaseException) -> bool:
+    """True when another member, or the same one a moment later, may answer."""
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return False
+    code = _code(exc)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return True
+    return any(reason in _details(exc) for reason in _NO_LEADER)
+
+
+def to_lease_error(exc: grpc.aio.AioRpcError) -> LeaseError:
+    """The :class:`LeaseError` a caller sees for a gRPC error."""
+    details = _details(exc)
+    code = _code(exc)
+    message = f"etcd: {code.name}: {details}"
+    if is_member_failure(exc):
+        return BackendUnavailable(message)
+    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED) or any(
+        reason in details for reason in _AUTH_FAILED
+    ):
+        return PermissionDenied(message)
+    return BackendError(message)
+
+
+def new_lease_id() -> int:
+    """A random positive int64; lets a grant whose answer was lost be retried safely."""
+    return secrets.randbits(62) + 1
+
+
+class EtcdClient:
+    """Channels, auth, failover and retries for the etcd calls we use."""
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        timeout: float,
+        username: str | None = None,
+        password: str | None = None,
+        ca_cert: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        if not timeout > 0:
+            raise LeaseValueError(f"timeout must be a positive number of seconds, got {timeout}")
+        if (cert is None) != (key is None):
+            raise LeaseValueError("cert and key must be given together")
+        if (username is None) != (password is None):
+            raise LeaseValueError("username and password must be given together")
+        tls = ca_cert is not None or cert is not None
+        self._endpoints = parse_endpoints(endpoints, tls=tls)
+        self.timeout = timeout
+        self._username = username
+        self._password = password
+        self._credentials = self._ssl_credentials(ca_cert, cert, key)
+        self._channels: dict[Endpoint, grpc.aio.Channel] = {}
+        self._current = 0
+        self._token: str | None = None
+        self._closed = False
+
+    @staticmethod
+    def _ssl_credentials(
+        ca_cert: str | None, cert: str | None, key: str | None
+    ) -> grpc.ChannelCredentials:
+        def read(path: str | None) -> bytes | None:
+            return None if path is None else Path(path).read_bytes()
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(ca_cert), private_key=read(key), certificate_chain=read(cert)
+        )
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [endpoint.target for endpoint in self._endpoints]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise ProviderClosed("the provider is closed")
+
+    def channel(self) -> grpc.aio.Channel:
+        """The channel to the endpoint in use, created on first use."""
+        self.check_open()
+        endpoint = self._endpoints[self._current]
+        channel = self._channels.get(endpoint)
+        if channel is None:
+            if endpoint.secure:
+                channel = grpc.aio.secure_channel(
+                    endpoint.target, self._credentials, options=_CHANNEL_OPTIONS
+                )
+            else:
+                channel = grpc.aio.insecure_channel(endpoint.target, options=_CHANNEL_OPTIONS)
+            self._channels[endpoint] = channel
+        return channel
+
+    def rotate(self) -> None:
+        """Move on to the next endpoint after a member failed us."""
+        self._current = (self._current + 1) % len(self._endpoints)
+        # Simple auth tokens are only valid on the member that issued them.
+        if len(self._endpoints) > 1:
+            self._token = None
+
+    async def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Request metadata: fail fast on a leaderless member; the auth token."""
+        if self._username is not None and self._token is None:
+            await self._authenticate()
+        pairs = [("hasleader", "true")]
+        if self._token is not None:
+            pairs.append(("token", self._token))
+        return tuple(pairs)
+
+    async def _authenticate(self) -> None:
+        assert self._username is not None and self._password is not None
+        request = pb.AuthenticateRequest(name=self._username, password=self._password)
+        call = self.channel().unary_unary(
+            "/etcdserverpb.Auth/Authenticate",
+            request_serializer=pb.AuthenticateRequest.SerializeToString,
+            response_deserializer=pb.AuthenticateResponse.FromString,
+        )
+        response: pb.AuthenticateResponse = await call(request, timeout=self.timeout)
+        self._token = response.token
+
+    def error(self, exc: BaseException) -> LeaseError:
+        """The error to raise for ``exc``, rotating away from a failed member."""
+        if self._closed:
+            return ProviderClosed("the provider is closed")
+        if isinstance(exc, LeaseError):
+            return exc
+        assert isinstance(exc, grpc.aio.AioRpcError)
+        if is_member_failure(exc):
+            self.rotate()
+        return to_lease_error(exc)
+
+    async def _attempt(
+        self, path: str, request: Message, response_type: type[ResponseT], timeout: float
+    ) -> ResponseT:
+        call = self.channel().unary_unary(
+            path,
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=response_type.FromString,
+        )
+        for _ in range(2):
+            try:
+                response: ResponseT = await call(
+                    request, timeout=timeout, metadata=await self.metadata()
+                )
+                return response
+            except grpc.aio.AioRpcError as exc:
+                # etcd's simple tokens expire: log in again and replay, once.
+                if self._username is None or _INVALID_TOKEN not in _details(exc):
+                    raise
+                self._token = None
+        raise PermissionDenied("etcd: the auth token was refused right after logging in")
+
+    def _attempt_timeout(self, deadline: float) -> float:
+        remaining = deadline - time.monotonic()
+        # With several members, leave time to try another if this one hangs.
+        share = self.timeout / len(self._endpoints) if len(self._endpoints) > 1 else self.timeout
+        return max(0.05, min(remaining, max(share, 0.5)))
+
+    async def call(
+        self,
+        path: str,
+        request: Message,
+        response_type: type[ResponseT],
+        *,
+        retry: bool = True,
+    ) -> ResponseT:
+        """One unary call; retried on other members until ``timeout`` when ``retry``."""
+        self.check_open()
+        deadline = time.monotonic() + self.timeout
+        if not retry:
+            try:
+                return await self._attempt(path, request, response_type, self.timeout)
+            except (grpc.aio.AioRpcError, LeaseError) as exc:
+                raise self.error(exc) from exc
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_delay(self.timeout),
+                wait=wait_exponential(multiplier=0.02, max=0.5),
+                retry=retry_if_exception(is_member_failure),
+                reraise=True,
+            ):
+                with attempt:
+                    try:
+                        return await self._attempt(
+                            path, request, response_type, self._attempt_timeout(deadline)
+                        )
+                    except grpc.aio.AioRpcError as exc:
+                        if is_member_failure(exc):
+                            self.rotate()
+                        raise
+        except (grpc.aio.AioRpcError, LeaseError) as exc:
+            raise self.error(exc) from exc
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    # The etcd calls, one method each.
+
+    async def range(self, key: bytes) -> pb.KeyValue | None:
+        """A linearizable read of one key."""
+        response = await self.call(
+            "/etcdserverpb.KV/Range", pb.RangeRequest(key=key), pb.RangeResponse
+        )
+        return response.kvs[0] if response.kvs else None
+
+    async def range_prefix(self, prefix: bytes) -> list[pb.KeyValue]:
+        """A linearizable read of every key under ``prefix``."""
+        request = pb.RangeRequest(key=prefix, range_end=prefix_end(prefix))
+        response = await self.call("/etcdserverpb.KV/Range", request, pb.RangeResponse)
+        return list(response.kvs)
+
+    async def txn(self, request: pb.TxnRequest) -> pb.TxnResponse:
+        """One transaction, never retried: its outcome is unknown on BackendUnavailable."""
+        return await self.call("/etcdserverpb.KV/Txn", request, pb.TxnResponse, retry=False)
+
+    async def grant(self, ttl_s: int) -> tuple[int, int]:
+        """A new lease of at least ``ttl_s`` seconds: ``(lease_id, granted_ttl_s)``."""
+        request = pb.LeaseGrantRequest(TTL=ttl_s, ID=new_lease_id())
+        try:
+            response = await self.call(
+                "/etcdserverpb.Lease/LeaseGrant", request, pb.LeaseGrantResponse
+            )
+        except BackendError as exc:
+            # A retry after a lost answer finds the lease our first attempt made.
+            if _LEASE_EXISTS not in str(exc):
+                raise
+            granted = await self.time_to_live(request.ID)
+            return request.ID, granted.grantedTTL
+        return response.ID, response.TTL
+
+    async def revoke(self, lease_id: int) -> bool:
+        """Revoke a lease and delete its keys; ``False`` if it was already gone."""
+        try:
+            await self.call(
+                "/etcdserverpb.Lease/LeaseRevoke",
+                pb.LeaseRevokeRequest(ID=lease_id),
+                pb.LeaseRevokeResponse,
+            )
+        except BackendError as exc:
+            if _LEASE_NOT_FOUND in str(exc):
+                return False
+            raise
+        return True
+
+    async def time_to_live(self, lease_id: int) -> pb.LeaseTimeToLiveResponse:
+        """A lease's remaining and granted TTL (``TTL == -1`` when it does not exist)."""
+        return await self.call(
+            "/etcdserverpb.Lease/LeaseTimeToLive",
+            pb.LeaseTimeToLiveRequest(ID=lease_id),
+            pb.LeaseTimeToLiveResponse,
+        )
+
+    async def leases(self) -> list[int]:
+        """Every lease the cluster holds."""
+        response = await self.call(
+            "/etcdserverpb.Lease/LeaseLeases", pb.LeaseLeasesRequest(), pb.LeaseLeasesResponse
+        )
+        return [lease.ID for lease in response.leases]
+
+    async def keep_alive_once(self, lease_id: int) -> int:
+        """Refresh a lease once; its TTL in seconds, or 0 when it is gone."""
+        self.check_open()
+        deadline = time.monotonic() + self.timeout
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_delay(self.timeout),
+                wait=wait_exponential(multiplier=0.02, max=0.5),
+                retry=retry_if_exception(is_member_failure),
+                reraise=True,
+            ):
+                with attempt:
+                    stream = self.keep_alive_stream(await self.metadata())
+                    try:
+                        await stream.write(pb.LeaseKeepAliveRequest(ID=lease_id))
+                        response = await asyncio.wait_for(
+                            stream.read(), self._attempt_timeout(deadline)
+                        )
+                    except TimeoutError:
+                        self.rotate()
+                        raise grpc.aio.AioRpcError(
+                            grpc.StatusCode.DEADLINE_EXCEEDED,
+                            grpc.aio.Metadata(),
+                            grpc.aio.Metadata(),
+                            "keep-alive not answered in time",
+                        ) from None
+                    except grpc.aio.AioRpcError as exc:
+                        if is_member_failure(exc):
+                            self.rotate()
+                        raise
+                    finally:
+                        stream.cancel()
+                    if not isinstance(response, pb.LeaseKeepAliveResponse):
+                        raise BackendUnavailable("etcd closed the keep-alive stream")
+                    return max(0, response.TTL)
+        except (grpc.aio.AioRpcError, LeaseError) as exc:
+            raise self.error(exc) from exc
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def keep_alive_stream(
+        self, metadata: tuple[tuple[str, str], ...]
+    ) -> grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse]:
+        """A bidirectional ``LeaseKeepAlive`` stream to the endpoint in use."""
+        method = self.channel().stream_stream(
+            "/etcdserverpb.Lease/LeaseKeepAlive",
+            request_serializer=pb.LeaseKeepAliveRequest.SerializeToString,
+            response_deserializer=pb.LeaseKeepAliveResponse.FromString,
+        )
+        return method(metadata=metadata)
+
+    def watch_stream(
+        self, metadata: tuple[tuple[str, str], ...]
+    ) -> grpc.aio.StreamStreamCall[pb.WatchRequest, pb.WatchResponse]:
+        """A bidirectional ``Watch`` stream to the endpoint in use."""
+        method = self.channel().stream_stream(
+            "/etcdserverpb.Watch/Watch",
+            request_serializer=pb.WatchRequest.SerializeToString,
+            response_deserializer=pb.WatchResponse.FromString,
+        )
+        return method(metadata=metadata)
+
+    async def close(self) -> None:
+        """Close every channel; idempotent."""
+        self._closed = True
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The ``range_end`` that makes a range cover every key starting with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return b"\0"
+    return stripped[:-1] + bytes([stripped[-1] + 1])

@@ -1,0 +1,286 @@
+"""EtcdLeaseProvider: each contract call as its etcd transaction(s).
+
+The invariants (see the README's "How it maps onto etcd"):
+
+1. One etcd lease per tenure: revoking or keep-aliving it touches only that tenure.
+2. Every ownership change is one compare-and-swap transaction.
+3. Reads that decide ownership are linearizable.
+4. Leases granted for attempts that lost, and of tenures that ended, are revoked.
+5. A write whose outcome is unknown is settled by re-reading the key.
+6. The fencing token is the key's ``mod_revision``.
+7. The key's value is the owner, UTF-8, under ``prefix``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+from etcd_leases.contract import AcquireResult, check_key, check_owner, check_ttl_ms
+from etcd_leases.errors import BackendUnavailable, LeaseValueError
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.txn import Txn, create_revision_is, delete, first_kv, get, mod_revision_is, put
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+
+DEFAULT_PREFIX = "/etcd-leases/"
+
+
+@dataclass(frozen=True)
+class Tenure:
+    """A tenure as etcd holds it: the fencing token and the TTL granted, in ms."""
+
+    token: int
+    ttl_ms: int
+
+
+def ttl_seconds(ttl_ms: int) -> int:
+    """etcd counts whole seconds: round up, never down."""
+    return -(-ttl_ms // 1000)
+
+
+def owner_of(kv: pb.KeyValue) -> str:
+    return kv.value.decode("utf-8", errors="replace")
+
+
+class EtcdLeaseProvider:
+    """The lease contract on etcd, strongly consistent, with fencing tokens.
+
+    ``endpoints`` is ``"host:port"`` / ``"http(s)://host:port"``, a comma-separated
+    list of them, or a sequence. Connects on first use; ``async with`` closes it.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str] = "127.0.0.1:2379",
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        timeout: float = 5.0,
+        username: str | None = None,
+        password: str | None = None,
+        ca_cert: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        if not isinstance(prefix, str):
+            raise LeaseValueError(f"prefix must be a str, not {type(prefix).__name__}")
+        self.prefix = prefix
+        self._prefix = prefix.encode("utf-8")
+        self._client = EtcdClient(
+            endpoints,
+            timeout=timeout,
+            username=username,
+            password=password,
+            ca_cert=ca_cert,
+            cert=cert,
+            key=key,
+        )
+        # The server's minimum TTL, learnt from grants: asking less than it would
+        # make every renewal look like a change of TTL.
+        self._min_ttl_s = 1
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> EtcdLeaseProvider:
+        """Configure from etcdctl's variables plus ``ETCD_LEASES_PREFIX``.
+
+        ``ETCDCTL_ENDPOINTS``, ``ETCDCTL_CACERT``, ``ETCDCTL_CERT``, ``ETCDCTL_KEY``,
+        ``ETCDCTL_USER`` (``name:password``); keyword arguments win over them.
+        """
+        env = os.environ
+        options: dict[str, object] = {}
+        if "ETCDCTL_ENDPOINTS" in env:
+            options["endpoints"] = env["ETCDCTL_ENDPOINTS"]
+        for name, variable in (("ca_cert", "CACERT"), ("cert", "CERT"), ("key", "KEY")):
+            if f"ETCDCTL_{variable}" in env:
+                options[name] = env[f"ETCDCTL_{variable}"]
+        if "ETCDCTL_USER" in env:
+            username, sep, password = env["ETCDCTL_USER"].partition(":")
+            if not sep:
+                raise LeaseValueError("ETCDCTL_USER must be name:password")
+            options["username"], options["password"] = username, password
+        if "ETCD_LEASES_PREFIX" in env:
+            options["prefix"] = env["ETCD_LEASES_PREFIX"]
+        options.update(overrides)
+        return cls(**options)  # type: ignore[arg-type]
+
+    @property
+    def client(self) -> EtcdClient:
+        """The underlying etcd client (for recipes and tests)."""
+        return self._client
+
+    async def __aenter__(self) -> Self:
+        self._client.check_open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connections; idempotent. Any call after it raises ProviderClosed."""
+        await self._client.close()
+
+    def etcd_key(self, key: str) -> bytes:
+        """The etcd key that holds ``key``'s owner."""
+        return self._prefix + key.encode("utf-8")
+
+    # The contract.
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
+        check_key(key)
+        check_owner(owner)
+        check_ttl_ms(ttl_ms)
+        self._client.check_open()
+        etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
+        kv = await self._client.range(etcd_key)
+        lease: tuple[int, int] | None = None  # granted on the first attempt to create
+        try:
+            while True:
+                if kv is None:
+                    if lease is None:
+                        lease = await self._grant(ttl_ms)
+                    kv = await self._create(etcd_key, value, lease[0])
+                    if kv is not None and kv.lease == lease[0]:
+                        tenure = Tenure(kv.mod_revision, lease[1] * 1000)
+                        lease = None  # now the tenure's lease: keep it
+                        return AcquireResult(True, owner, tenure.token, tenure.ttl_ms)
+                elif kv.value != value:
+                    return AcquireResult(False, owner_of(kv))
+                else:
+                    refreshed = await self._refresh(etcd_key, value, ttl_ms, kv)
+                    if refreshed is not None:
+                        return AcquireResult(True, owner, refreshed.token, refreshed.ttl_ms)
+                    kv = await self._client.range(etcd_key)
+        finally:
+            if lease is not None:
+                await self._revoke_quietly(lease[0])
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        check_key(key)
+        self._client.check_open()
+        kv = await self._client.range(self.etcd_key(key))
+        return None if kv is None else owner_of(kv)
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        check_key(key)
+        check_owner(owner)
+        self._client.check_open()
+        etcd_key = self.etcd_key(key)
+        kv = await self._client.range(etcd_key)
+        if kv is None or kv.value != owner.encode("utf-8"):
+            return
+        if kv.lease:
+            # The lease is this tenure's alone (invariant 1): if ownership moved on
+            # since the read, the key sits on another lease and survives the revoke.
+            await self._client.revoke(kv.lease)
+        else:
+            # Written without a lease (by hand): delete only what we read.
+            await self._settled_txn(
+                etcd_key, Txn.when(mod_revision_is(etcd_key, kv.mod_revision)).then(delete(etcd_key))
+            )
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        check_key(key)
+        check_owner(owner)
+        check_ttl_ms(ttl_ms)
+        self._client.check_open()
+        etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
+        kv = await self._client.range(etcd_key)
+        if kv is None or kv.value != value:
+            return False
+        return await self._refresh(etcd_key, value, ttl_ms, kv) is not None
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        check_key(key)
+        check_owner(from_owner, "from_owner")
+        check_owner(to_owner, "to_owner")
+        check_ttl_ms(ttl_ms)
+        self._client.check_open()
+        etcd_key = self.etcd_key(key)
+        kv = await self._client.range(etcd_key)
+        if kv is None or kv.value != from_owner.encode("utf-8"):
+            return False
+        return await self._move(etcd_key, kv, to_owner.encode("utf-8"), ttl_ms) is not None
+
+    # How each step becomes etcd calls.
+
+    async def _grant(self, ttl_ms: int) -> tuple[int, int]:
+        wanted = max(ttl_seconds(ttl_ms), self._min_ttl_s)
+        lease_id, granted = await self._client.grant(wanted)
+        if granted > wanted:
+            self._min_ttl_s = granted
+        return lease_id, granted
+
+    async def _revoke_quietly(self, lease_id: int) -> None:
+        """Best-effort cleanup: an unreachable cluster lets the lease expire instead."""
+        try:
+            await self._client.revoke(lease_id)
+        except BackendUnavailable:
+            pass
+
+    async def _settled_txn(self, etcd_key: bytes, txn: Txn) -> pb.KeyValue | None:
+        """Run ``txn``; the key as it stands after it, re-read if the outcome is unknown.
+
+        Every transaction here reads the key in both branches, so the caller decides
+        from the key alone whether its write landed (our lease on it, or not).
+        """
+        try:
+            return first_kv(await self._client.txn(txn.request))
+        except BackendUnavailable:
+            return await self._client.range(etcd_key)
+
+    async def _create(self, etcd_key: bytes, value: bytes, lease_id: int) -> pb.KeyValue | None:
+        txn = (
+            Txn.when(create_revision_is(etcd_key, 0))
+            .then(put(etcd_key, value, lease_id), get(etcd_key))
+            .otherwise(get(etcd_key))
+        )
+        return await self._settled_txn(etcd_key, txn)
+
+    async def _refresh(
+        self, etcd_key: bytes, value: bytes, ttl_ms: int, kv: pb.KeyValue
+    ) -> Tenure | None:
+        """Reset the TTL of the tenure ``kv`` shows; ``None`` if that tenure is over."""
+        wanted = max(ttl_seconds(ttl_ms), self._min_ttl_s)
+        if kv.lease:
+            lease = await self._client.time_to_live(kv.lease)
+            if lease.TTL <= 0:
+                return None
+            if lease.grantedTTL == wanted:
+                # Same TTL: a keep-alive, so the tenure and its token stay.
+                if await self._client.keep_alive_once(kv.lease) <= 0:
+                    return None
+                now = await self._client.range(etcd_key)
+                if now is None or now.lease != kv.lease or now.value != value:
+                    return None
+                return Tenure(now.mod_revision, lease.grantedTTL * 1000)
+        # A new TTL needs a new lease: move the tenure onto it (the token moves on).
+        return await self._move(etcd_key, kv, value, ttl_ms)
+
+    async def _move(
+        self, etcd_key: bytes, kv: pb.KeyValue, value: bytes, ttl_ms: int
+    ) -> Tenure | None:
+        """Put ``value`` on the key under a new lease if ``kv`` still holds it, atomically."""
+        lease_id, granted = await self._grant(ttl_ms)
+        try:
+            txn = (
+                Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
+                .then(put(etcd_key, value, lease_id), get(etcd_key))
+                .otherwise(get(etcd_key))
+            )
+            now = await self._settled_txn(etcd_key, txn)
+        except BaseException:
+            await self._revoke_quietly(lease_id)
+            raise
+        if now is None or now.lease != lease_id:
+            await self._revoke_quietly(lease_id)
+            return None
+        if kv.lease:
+            await self._revoke_quietly(kv.lease)
+        return Tenure(now.mod_revision, granted * 1000)

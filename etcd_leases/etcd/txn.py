@@ -1,0 +1,67 @@
+"""Building etcd transactions so each one reads as a single line.
+
+    Txn.when(version_is(k, 0)).then(put(k, v, lease), get(k)).otherwise(get(k))
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+
+
+def create_revision_is(key: bytes, revision: int) -> pb.Compare:
+    """True when the key was created at ``revision`` (0: the key does not exist)."""
+    return pb.Compare(
+        key=key,
+        target=pb.Compare.CREATE,
+        result=pb.Compare.EQUAL,
+        create_revision=revision,
+    )
+
+
+def mod_revision_is(key: bytes, revision: int) -> pb.Compare:
+    """True when the key was last written at ``revision``: nothing changed it since."""
+    return pb.Compare(
+        key=key, target=pb.Compare.MOD, result=pb.Compare.EQUAL, mod_revision=revision
+    )
+
+
+def put(key: bytes, value: bytes, lease: int = 0) -> pb.RequestOp:
+    return pb.RequestOp(request_put=pb.PutRequest(key=key, value=value, lease=lease))
+
+
+def delete(key: bytes) -> pb.RequestOp:
+    return pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key))
+
+
+def get(key: bytes) -> pb.RequestOp:
+    return pb.RequestOp(request_range=pb.RangeRequest(key=key))
+
+
+class Txn:
+    """``Txn.when(*compares).then(*ops).otherwise(*ops)`` builds a ``TxnRequest``."""
+
+    def __init__(self, compares: tuple[pb.Compare, ...]) -> None:
+        self.request = pb.TxnRequest(compare=compares)
+
+    @classmethod
+    def when(cls, *compares: pb.Compare) -> Self:
+        return cls(compares)
+
+    def then(self, *ops: pb.RequestOp) -> Self:
+        self.request.success.extend(ops)
+        return self
+
+    def otherwise(self, *ops: pb.RequestOp) -> Self:
+        self.request.failure.extend(ops)
+        return self
+
+
+def first_kv(response: pb.TxnResponse) -> pb.KeyValue | None:
+    """The key read by the ``get`` of whichever branch ran, or ``None`` if absent."""
+    for op in response.responses:
+        if op.HasField("response_range"):
+            kvs = op.response_range.kvs
+            return kvs[0] if kvs else None
+    return None
