@@ -227,7 +227,27 @@ class EtcdClient:
             self.rotate()
         return to_lease_error(exc)
 
+    def closed_under(self, exc: asyncio.CancelledError) -> LeaseError | None:
+        """ProviderClosed when ``exc`` is gRPC cancelling a call because we closed.
+
+        Closing a channel cancels its calls; the caller's task was not cancelled.
+        """
+        task = asyncio.current_task()
+        if self._closed and (task is None or not task.cancelling()):
+            return ProviderClosed("the provider was closed during the call")
+        return None
+
     async def _attempt(
+        self, path: str, request: Message, response_type: type[ResponseT], timeout: float
+    ) -> ResponseT:
+        try:
+            return await self._attempt_once(path, request, response_type, timeout)
+        except asyncio.CancelledError as exc:
+            if closed := self.closed_under(exc):
+                raise closed from None
+            raise
+
+    async def _attempt_once(
         self, path: str, request: Message, response_type: type[ResponseT], timeout: float
     ) -> ResponseT:
         call = self.channel().unary_unary(
@@ -371,6 +391,10 @@ class EtcdClient:
                         response = await asyncio.wait_for(
                             stream.read(), self._attempt_timeout(deadline)
                         )
+                    except asyncio.CancelledError as exc:
+                        if closed := self.closed_under(exc):
+                            raise closed from None
+                        raise
                     except TimeoutError:
                         self.rotate()
                         raise grpc.aio.AioRpcError(

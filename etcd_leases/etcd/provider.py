@@ -250,7 +250,7 @@ class EtcdLeaseProvider:
         wanted = max(ttl_seconds(ttl_ms), self._min_ttl_s)
         if kv.lease:
             lease = await self._client.time_to_live(kv.lease)
-            if lease.TTL <= 0:
+            if lease.TTL < 0:  # -1: the lease is gone (0 only means under a second left)
                 return None
             if lease.grantedTTL == wanted:
                 # Same TTL: a keep-alive, so the tenure and its token stay.

@@ -1,0 +1,128 @@
+"""Fixtures shared by the suite: every etcd test runs once per etcd binary found."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from etcd_leases import EtcdLeaseProvider, InMemoryLeaseProvider, LeaseProvider
+from etcd_leases.testing import EtcdCluster, etcd_version, find_etcd_binaries
+
+ETCD_BINARIES = {f"etcd{etcd_version(binary)}": binary for binary in find_etcd_binaries()}
+
+
+class EtcdMembers:
+    """One single-member etcd per binary, started on first use, shared by the session."""
+
+    def __init__(self) -> None:
+        self._members: dict[str, EtcdCluster] = {}
+
+    def get(self, binary: str) -> EtcdCluster:
+        if binary not in self._members:
+            cluster = EtcdCluster(1, binary=binary)
+            cluster.start()
+            self._members[binary] = cluster
+        return self._members[binary]
+
+    def close(self) -> None:
+        for cluster in self._members.values():
+            cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_members() -> Iterator[EtcdMembers]:
+    members = EtcdMembers()
+    yield members
+    members.close()
+
+
+@pytest.fixture(params=list(ETCD_BINARIES))
+def etcd_binary(request: pytest.FixtureRequest) -> str:
+    """Overrides the plugin's fixture: the suite runs against every etcd found."""
+    return ETCD_BINARIES[str(request.param)]
+
+
+@pytest.fixture
+def etcd(etcd_members: EtcdMembers, etcd_binary: str) -> EtcdCluster:
+    """A running single-member etcd (shared; tests keep to their own prefix)."""
+    return etcd_members.get(etcd_binary)
+
+
+def unique_prefix() -> str:
+    return f"/test/{uuid.uuid4().hex}/"
+
+
+@pytest.fixture
+async def etcd_provider(etcd: EtcdCluster) -> AsyncIterator[EtcdLeaseProvider]:
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix(), timeout=5) as provider:
+        yield provider
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Backend:
+    """A provider under test, and how to make time pass for it."""
+
+    name: str
+    provider: LeaseProvider
+    etcd: EtcdCluster | None = None
+    prefix: str = ""
+    clock: FakeClock | None = None
+    extra: list[EtcdLeaseProvider] = field(default_factory=list)
+
+    def another_provider(self) -> LeaseProvider:
+        """A second client of the same backend (another process, on etcd)."""
+        if self.etcd is None:
+            return self.provider
+        provider = EtcdLeaseProvider(self.etcd.endpoints, prefix=self.prefix)
+        self.extra.append(provider)
+        return provider
+
+    async def sleep(self, seconds: float) -> None:
+        """Let ``seconds`` pass on the backend's clock."""
+        if self.clock is not None:
+            self.clock.now += seconds
+        else:
+            await asyncio.sleep(seconds)
+
+    async def expire(self, key: str, ttl_ms: int) -> None:
+        """Wait until ``key``'s lease of ``ttl_ms`` has expired (bounded)."""
+        await self.sleep(ttl_ms / 1000)
+        deadline = time.monotonic() + 5
+        while await self.provider.get_lease_owner(key) is not None:
+            assert time.monotonic() < deadline, f"{key!r} did not expire"
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture(params=["memory", *ETCD_BINARIES])
+async def backend(
+    request: pytest.FixtureRequest, etcd_members: EtcdMembers
+) -> AsyncIterator[Backend]:
+    """Each conformance test runs on the reference model and on every etcd."""
+    name = str(request.param)
+    if name == "memory":
+        clock = FakeClock()
+        yield Backend(name, InMemoryLeaseProvider(clock=clock), clock=clock)
+        return
+    etcd = etcd_members.get(ETCD_BINARIES[name])
+    prefix = unique_prefix()
+    provider = EtcdLeaseProvider(etcd.endpoints, prefix=prefix)
+    backend = Backend(name, provider, etcd=etcd, prefix=prefix)
+    try:
+        yield backend
+    finally:
+        for extra in backend.extra:
+            await extra.close()
+        await provider.close()

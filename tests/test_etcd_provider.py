@@ -1,0 +1,192 @@
+"""What the etcd backend guarantees beyond the contract table: the invariants of ETCD.md."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from etcd_leases import BackendUnavailable, EtcdLeaseProvider, LeaseValueError, ProviderClosed
+from etcd_leases.etcd.client import parse_endpoints
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+from etcd_leases.testing import EtcdCluster
+from tests.conftest import unique_prefix
+
+
+async def test_value_is_the_owner_under_the_prefix(
+    etcd: EtcdCluster, etcd_provider: EtcdLeaseProvider
+) -> None:
+    await etcd_provider.acquire_lease("job\0 42", "worker-α", 5000)
+    shown = etcd.etcdctl("get", "--prefix", etcd_provider.prefix).splitlines()
+    assert shown == [f"{etcd_provider.prefix}job\0 42", "worker-α"]
+
+
+async def test_token_is_the_mod_revision(etcd_provider: EtcdLeaseProvider) -> None:
+    result = await etcd_provider.acquire_lease("k", "alice", 5000)
+    kv = await etcd_provider.client.range(etcd_provider.etcd_key("k"))
+    assert kv is not None and result.token == kv.mod_revision
+    assert await etcd_provider.transfer_lease("k", "alice", "bob", 5000)
+    kv = await etcd_provider.client.range(etcd_provider.etcd_key("k"))
+    bob = await etcd_provider.acquire_lease("k", "bob", 5000)
+    assert kv is not None and bob.token == kv.mod_revision
+
+
+async def test_one_lease_per_tenure(etcd_provider: EtcdLeaseProvider) -> None:
+    client = etcd_provider.client
+    for key in ("a", "b", "c"):
+        await etcd_provider.acquire_lease(key, "alice", 5000)
+    kvs = await client.range_prefix(etcd_provider.etcd_key(""))
+    assert len({kv.lease for kv in kvs}) == 3 and all(kv.lease for kv in kvs)
+    old = kvs[0]
+    assert await etcd_provider.transfer_lease("a", "alice", "bob", 5000)
+    new = await client.range(etcd_provider.etcd_key("a"))
+    assert new is not None and new.lease != old.lease
+    assert (await client.time_to_live(old.lease)).TTL == -1  # the old tenure's lease is gone
+
+
+async def test_ttl_rounds_up_to_whole_seconds(etcd_provider: EtcdLeaseProvider) -> None:
+    assert (await etcd_provider.acquire_lease("one", "a", 1)).ttl_ms == 1000
+    assert (await etcd_provider.acquire_lease("up", "a", 1001)).ttl_ms == 2000
+    kv = await etcd_provider.client.range(etcd_provider.etcd_key("up"))
+    assert kv is not None
+    assert (await etcd_provider.client.time_to_live(kv.lease)).grantedTTL == 2
+
+
+async def test_server_minimum_ttl_is_reported(etcd_binary: str) -> None:
+    # Default election timeout (1 s): etcd's minimum TTL is 2 s.
+    args = ["--heartbeat-interval=100", "--election-timeout=1000"]
+    with EtcdCluster(1, binary=etcd_binary, extra_args=args) as etcd:
+        async with EtcdLeaseProvider(etcd.endpoints) as provider:
+            first = await provider.acquire_lease("k", "a", 1000)
+            assert first.ttl_ms == 2000
+            # Renewals at the same request keep the tenure (no TTL change seen).
+            again = await provider.acquire_lease("k", "a", 1000)
+            assert again.token == first.token and again.ttl_ms == 2000
+
+
+async def test_no_lease_leaks_across_operations(etcd: EtcdCluster) -> None:
+    prefix = unique_prefix()
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as provider:
+        before = set(await provider.client.leases())
+        others = [EtcdLeaseProvider(etcd.endpoints, prefix=prefix) for _ in range(5)]
+        try:
+            for round_ in range(3):
+                results = await asyncio.gather(
+                    *(p.acquire_lease("contended", f"w{i}", 5000) for i, p in enumerate(others))
+                )
+                winner = next(r.owner for r in results if r.acquired)
+                assert winner is not None
+                await provider.acquire_lease("contended", winner, 7000)  # TTL change
+                await provider.renew_lease("contended", winner, 4000)  # and another
+                assert await provider.transfer_lease("contended", winner, f"next{round_}", 5000)
+                assert not await provider.transfer_lease("contended", winner, "x", 5000)
+                await provider.release_lease("contended", f"next{round_}")
+            assert await provider.get_lease_owner("contended") is None
+            assert set(await provider.client.leases()) - before == set()
+        finally:
+            for other in others:
+                await other.close()
+
+
+async def test_transfer_never_leaves_the_key_free(etcd_provider: EtcdLeaseProvider) -> None:
+    client = etcd_provider.client
+    key = etcd_provider.etcd_key("baton")
+    first = await etcd_provider.acquire_lease("baton", "runner-0", 5000)
+    assert first.token is not None
+    stream = client.watch_stream(await client.metadata())
+    await stream.write(
+        pb.WatchRequest(create_request=pb.WatchCreateRequest(key=key, start_revision=first.token))
+    )
+    for i in range(20):
+        assert await etcd_provider.transfer_lease("baton", f"runner-{i}", f"runner-{i + 1}", 5000)
+    await etcd_provider.release_lease("baton", "runner-20")
+    events: list[pb.Event] = []
+    deadline = time.monotonic() + 5
+    while len(events) < 22 and time.monotonic() < deadline:
+        response = await asyncio.wait_for(stream.read(), 5)
+        assert isinstance(response, pb.WatchResponse)
+        events.extend(response.events)
+    stream.cancel()
+    kinds = [(event.type, event.kv.value.decode()) for event in events]
+    puts = [(pb.Event.PUT, f"runner-{i}") for i in range(21)]
+    assert kinds == [*puts, (pb.Event.DELETE, "")]
+
+
+async def test_closed_provider_refuses_quickly(etcd: EtcdCluster) -> None:
+    provider = EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix())
+    await provider.acquire_lease("k", "a", 5000)
+    await provider.close()
+    await provider.close()  # idempotent
+    started = time.monotonic()
+    for call in (
+        provider.acquire_lease("k", "a", 5000),
+        provider.get_lease_owner("k"),
+        provider.release_lease("k", "a"),
+        provider.renew_lease("k", "a", 5000),
+        provider.transfer_lease("k", "a", "b", 5000),
+    ):
+        with pytest.raises(ProviderClosed):
+            await call
+    assert time.monotonic() - started < 0.5
+    async with EtcdLeaseProvider(etcd.endpoints) as scoped:
+        await scoped.get_lease_owner("k")
+    with pytest.raises(ProviderClosed):
+        await scoped.get_lease_owner("k")
+
+
+async def test_close_during_a_call_raises_closed(etcd: EtcdCluster) -> None:
+    provider = EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix())
+    calls = [asyncio.ensure_future(provider.acquire_lease(f"k{i}", "a", 5000)) for i in range(50)]
+    await asyncio.sleep(0.002)
+    await provider.close()
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert all(isinstance(e, ProviderClosed) for e in errors), errors
+
+
+async def test_unreachable_cluster_fails_fast_with_lease_error() -> None:
+    from etcd_leases.testing import free_ports
+
+    (port,) = free_ports(1)
+    async with EtcdLeaseProvider(f"127.0.0.1:{port}", timeout=1.0) as provider:
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            await provider.acquire_lease("k", "a", 5000)
+        with pytest.raises(BackendUnavailable):
+            await provider.get_lease_owner("k")
+        assert time.monotonic() - started < 4
+
+
+def test_endpoint_forms() -> None:
+    def targets(endpoints: str | list[str], tls: bool = False) -> list[tuple[str, bool]]:
+        return [(e.target, e.secure) for e in parse_endpoints(endpoints, tls=tls)]
+
+    assert targets("127.0.0.1:2379") == [("127.0.0.1:2379", False)]
+    assert targets("http://a:1, https://b:2/") == [("a:1", False), ("b:2", True)]
+    assert targets(["a:1", "b:2,c:3"]) == [("a:1", False), ("b:2", False), ("c:3", False)]
+    assert targets("a:1", tls=True) == [("a:1", True)]
+    for bad in ("", "ftp://a:1", "http://", "a:1/path"):
+        with pytest.raises(LeaseValueError, match="endpoints"):
+            parse_endpoints(bad, tls=False)
+
+
+def test_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ETCDCTL_ENDPOINTS", "http://10.0.0.1:2379,http://10.0.0.2:2379")
+    monkeypatch.setenv("ETCDCTL_USER", "svc:pa:ss")
+    monkeypatch.setenv("ETCD_LEASES_PREFIX", "/mine/")
+    provider = EtcdLeaseProvider.from_env(timeout=2.0)
+    assert provider.client.endpoints == ["10.0.0.1:2379", "10.0.0.2:2379"]
+    assert provider.prefix == "/mine/" and provider.client.timeout == 2.0
+    monkeypatch.setenv("ETCDCTL_USER", "no-password")
+    with pytest.raises(LeaseValueError, match="ETCDCTL_USER"):
+        EtcdLeaseProvider.from_env()
+
+
+def test_bad_configuration_is_refused() -> None:
+    with pytest.raises(LeaseValueError, match="cert and key"):
+        EtcdLeaseProvider(cert="/x.pem")
+    with pytest.raises(LeaseValueError, match="username and password"):
+        EtcdLeaseProvider(username="u")
+    with pytest.raises(LeaseValueError, match="timeout"):
+        EtcdLeaseProvider(timeout=0)
