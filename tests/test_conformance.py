@@ -156,8 +156,8 @@ async def test_tokens_strictly_increase_across_owners(backend: Backend) -> None:
     tokens.append((await p.acquire_lease("fence", "c", SHORT)).token)
     await backend.expire("fence", SHORT)
     tokens.append((await p.acquire_lease("fence", "d", TTL)).token)
-    assert all(isinstance(t, int) for t in tokens)
-    assert tokens == sorted(set(tokens)), tokens
+    numbers = [t for t in tokens if t is not None]
+    assert len(numbers) == 4 and numbers == sorted(set(numbers)), tokens
 
 
 async def test_awkward_keys_and_owners(backend: Backend) -> None:

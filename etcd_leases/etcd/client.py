@@ -93,6 +93,8 @@ def _details(exc: grpc.aio.AioRpcError) -> str:
 
 def is_member_failure(exc: BaseException) -> bool:
     """True when another member, or the same one a moment later, may answer."""
+    if isinstance(exc, BackendUnavailable):
+        return True
     if not isinstance(exc, grpc.aio.AioRpcError):
         return False
     code = _code(exc)
@@ -238,17 +240,17 @@ class EtcdClient:
         return None
 
     async def _attempt(
-        self, path: str, request: Message, response_type: type[ResponseT], timeout: float
+        self, path: str, request: Message, response_type: type[ResponseT], deadline_s: float
     ) -> ResponseT:
         try:
-            return await self._attempt_once(path, request, response_type, timeout)
+            return await self._attempt_once(path, request, response_type, deadline_s)
         except asyncio.CancelledError as exc:
             if closed := self.closed_under(exc):
                 raise closed from None
             raise
 
     async def _attempt_once(
-        self, path: str, request: Message, response_type: type[ResponseT], timeout: float
+        self, path: str, request: Message, response_type: type[ResponseT], deadline_s: float
     ) -> ResponseT:
         call = self.channel().unary_unary(
             path,
@@ -258,7 +260,7 @@ class EtcdClient:
         for _ in range(2):
             try:
                 response: ResponseT = await call(
-                    request, timeout=timeout, metadata=await self.metadata()
+                    request, timeout=deadline_s, metadata=await self.metadata()
                 )
                 return response
             except grpc.aio.AioRpcError as exc:
@@ -385,36 +387,33 @@ class EtcdClient:
                 reraise=True,
             ):
                 with attempt:
-                    stream = self.keep_alive_stream(await self.metadata())
-                    try:
-                        await stream.write(pb.LeaseKeepAliveRequest(ID=lease_id))
-                        response = await asyncio.wait_for(
-                            stream.read(), self._attempt_timeout(deadline)
-                        )
-                    except asyncio.CancelledError as exc:
-                        if closed := self.closed_under(exc):
-                            raise closed from None
-                        raise
-                    except TimeoutError:
-                        self.rotate()
-                        raise grpc.aio.AioRpcError(
-                            grpc.StatusCode.DEADLINE_EXCEEDED,
-                            grpc.aio.Metadata(),
-                            grpc.aio.Metadata(),
-                            "keep-alive not answered in time",
-                        ) from None
-                    except grpc.aio.AioRpcError as exc:
-                        if is_member_failure(exc):
-                            self.rotate()
-                        raise
-                    finally:
-                        stream.cancel()
-                    if not isinstance(response, pb.LeaseKeepAliveResponse):
-                        raise BackendUnavailable("etcd closed the keep-alive stream")
-                    return max(0, response.TTL)
+                    return await self._keep_alive_attempt(lease_id, deadline)
         except (grpc.aio.AioRpcError, LeaseError) as exc:
             raise self.error(exc) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def _keep_alive_attempt(self, lease_id: int, deadline: float) -> int:
+        stream = self.keep_alive_stream(await self.metadata())
+        try:
+            await stream.write(pb.LeaseKeepAliveRequest(ID=lease_id))
+            response = await asyncio.wait_for(stream.read(), self._attempt_timeout(deadline))
+        except asyncio.CancelledError as exc:
+            if closed := self.closed_under(exc):
+                raise closed from None
+            raise
+        except TimeoutError:
+            self.rotate()
+            raise BackendUnavailable("etcd: a keep-alive was not answered in time") from None
+        except grpc.aio.AioRpcError as exc:
+            if is_member_failure(exc):
+                self.rotate()
+            raise
+        finally:
+            stream.cancel()
+        if not isinstance(response, pb.LeaseKeepAliveResponse):
+            self.rotate()
+            raise BackendUnavailable("etcd closed the keep-alive stream")
+        return max(0, response.TTL)
 
     def keep_alive_stream(
         self, metadata: tuple[tuple[str, str], ...]
@@ -425,7 +424,7 @@ class EtcdClient:
             request_serializer=pb.LeaseKeepAliveRequest.SerializeToString,
             response_deserializer=pb.LeaseKeepAliveResponse.FromString,
         )
-        return method(metadata=metadata)
+        return method(None, metadata=metadata)
 
     def watch_stream(
         self, metadata: tuple[tuple[str, str], ...]
@@ -436,14 +435,14 @@ class EtcdClient:
             request_serializer=pb.WatchRequest.SerializeToString,
             response_deserializer=pb.WatchResponse.FromString,
         )
-        return method(metadata=metadata)
+        return method(None, metadata=metadata)
 
     async def close(self) -> None:
         """Close every channel; idempotent."""
         self._closed = True
         channels, self._channels = list(self._channels.values()), {}
         for channel in channels:
-            await channel.close()
+            await channel.close(None)
 
 
 def prefix_end(prefix: bytes) -> bytes:

@@ -13,6 +13,7 @@ The invariants (see the README's "How it maps onto etcd"):
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +23,15 @@ from typing import Self
 from etcd_leases.contract import AcquireResult, check_key, check_owner, check_ttl_ms
 from etcd_leases.errors import BackendUnavailable, LeaseValueError
 from etcd_leases.etcd.client import EtcdClient
-from etcd_leases.etcd.txn import Txn, create_revision_is, delete, first_kv, get, mod_revision_is, put
+from etcd_leases.etcd.txn import (
+    Txn,
+    create_revision_is,
+    delete,
+    first_kv,
+    get,
+    mod_revision_is,
+    put,
+)
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 DEFAULT_PREFIX = "/etcd-leases/"
@@ -182,7 +191,8 @@ class EtcdLeaseProvider:
         else:
             # Written without a lease (by hand): delete only what we read.
             await self._settled_txn(
-                etcd_key, Txn.when(mod_revision_is(etcd_key, kv.mod_revision)).then(delete(etcd_key))
+                etcd_key,
+                Txn.when(mod_revision_is(etcd_key, kv.mod_revision)).then(delete(etcd_key)),
             )
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
@@ -219,10 +229,8 @@ class EtcdLeaseProvider:
 
     async def _revoke_quietly(self, lease_id: int) -> None:
         """Best-effort cleanup: an unreachable cluster lets the lease expire instead."""
-        try:
+        with contextlib.suppress(BackendUnavailable):
             await self._client.revoke(lease_id)
-        except BackendUnavailable:
-            pass
 
     async def _settled_txn(self, etcd_key: bytes, txn: Txn) -> pb.KeyValue | None:
         """Run ``txn``; the key as it stands after it, re-read if the outcome is unknown.

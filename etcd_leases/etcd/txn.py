@@ -1,6 +1,6 @@
 """Building etcd transactions so each one reads as a single line.
 
-    Txn.when(version_is(k, 0)).then(put(k, v, lease), get(k)).otherwise(get(k))
+Txn.when(version_is(k, 0)).then(put(k, v, lease), get(k)).otherwise(get(k))
 """
 
 from __future__ import annotations
