@@ -1,32 +1,51 @@
 """etcd-leases: one owner per key across processes, on etcd."""
 
-from etcd_leases.contract import AcquireResult, LeaseProvider, is_lease_provider
+from etcd_leases.contract import (
+    AcquireResult,
+    HoldingProvider,
+    Keeper,
+    LeaseProvider,
+    OwnerState,
+    is_lease_provider,
+)
+from etcd_leases.election import Election
 from etcd_leases.errors import (
     BackendError,
     BackendUnavailable,
     LeaseError,
+    LeaseHeld,
+    LeaseLost,
     LeaseTypeError,
     LeaseValueError,
     PermissionDenied,
     ProviderClosed,
 )
-from etcd_leases.etcd.provider import EtcdLeaseProvider
-from etcd_leases.memory import InMemoryLeaseProvider
+from etcd_leases.hold import HeldLease, adopt, hold
 from etcd_leases.noop import NoopLeaseProvider, lease_provider_for
+from etcd_leases.providers import EtcdLeaseProvider, InMemoryLeaseProvider
 
 __all__ = [
     "AcquireResult",
     "BackendError",
     "BackendUnavailable",
+    "Election",
     "EtcdLeaseProvider",
+    "HeldLease",
+    "HoldingProvider",
     "InMemoryLeaseProvider",
+    "Keeper",
     "LeaseError",
+    "LeaseHeld",
+    "LeaseLost",
     "LeaseProvider",
     "LeaseTypeError",
     "LeaseValueError",
     "NoopLeaseProvider",
+    "OwnerState",
     "PermissionDenied",
     "ProviderClosed",
+    "adopt",
+    "hold",
     "is_lease_provider",
     "lease_provider_for",
 ]

@@ -8,7 +8,9 @@ rejects the same inputs with the same errors, before anything is sent.
 
 from __future__ import annotations
 
+import asyncio
 import math
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard, runtime_checkable
 
@@ -67,6 +69,68 @@ class LeaseProvider(Protocol):
     async def transfer_lease(
         self, key: str, from_owner: str, to_owner: str, ttl_ms: int
     ) -> bool: ...
+
+
+@dataclass(frozen=True)
+class OwnerState:
+    """Who holds a key, and the token of that tenure; both ``None`` when it is free."""
+
+    owner: str | None
+    token: int | None
+
+
+class Keeper(Protocol):
+    """A tenure kept alive in the background (see :meth:`HoldingProvider.keep_lease`)."""
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set, once and for good, when the tenure is over or can no longer be vouched for."""
+        ...
+
+    @property
+    def lost_reason(self) -> str | None: ...
+
+    def remaining(self) -> float:
+        """Seconds the tenure is guaranteed to last, on this process's monotonic clock."""
+        ...
+
+    def lose(self, reason: str) -> None:
+        """Declare the tenure over (say, after handing it on); stops renewing."""
+        ...
+
+    def stop(self) -> None:
+        """Stop renewing (the holder is done); does not release the key."""
+        ...
+
+
+@runtime_checkable
+class HoldingProvider(LeaseProvider, Protocol):
+    """What the recipes (hold, election) need beyond the five calls.
+
+    - ``watch_owner``: the key's state now, then every change of tenure, with no polling.
+    - ``keep_lease``: renew a tenure in the background and notice its loss at once,
+      whether it expired, was released, transferred or deleted by anyone.
+      ``valid_until`` is when the caller's own clock says the tenure ends (the time its
+      acquiring request was sent plus the granted TTL). Raises ``LeaseLost`` if the
+      tenure ``token`` names is already over.
+    - ``put_fenced`` / ``delete_fenced``: write ``data_key`` only while the tenure
+      ``token`` names still holds ``key``, atomically; ``False`` when it does not.
+      ``get_value`` reads such data back.
+    """
+
+    def watch_owner(self, key: str) -> AsyncIterator[OwnerState]: ...
+
+    async def keep_lease(
+        self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
+    ) -> Keeper: ...
+
+    async def put_fenced(
+        self, key: str, owner: str, token: int, data_key: str, value: bytes
+    ) -> bool: ...
+
+    async def delete_fenced(self, key: str, owner: str, token: int, data_key: str) -> bool: ...
+
+    async def get_value(self, data_key: str) -> bytes | None: ...
 
 
 def is_lease_provider(obj: object) -> TypeGuard[LeaseProvider]:

@@ -33,3 +33,16 @@ class ProviderClosed(LeaseError):
 
 class BackendError(LeaseError):
     """The backend answered with an error this library does not expect."""
+
+
+class LeaseLost(LeaseError):
+    """The tenure is over (expired, released, transferred or taken) or cannot be vouched for."""
+
+
+class LeaseHeld(LeaseError):
+    """The key is held by someone else; ``holder`` says who."""
+
+    def __init__(self, key: str, holder: str | None) -> None:
+        super().__init__(f"{key!r} is held by {holder!r}")
+        self.key = key
+        self.holder = holder

@@ -190,3 +190,19 @@ def test_bad_configuration_is_refused() -> None:
         EtcdLeaseProvider(username="u")
     with pytest.raises(LeaseValueError, match="timeout"):
         EtcdLeaseProvider(timeout=0)
+
+
+async def test_cancelled_transfer_never_frees_the_key(etcd_provider: EtcdLeaseProvider) -> None:
+    """A transfer cancelled mid-flight must not revoke the lease it may have handed on."""
+    for delay in (0.0005, 0.001, 0.002, 0.003, 0.005):
+        await etcd_provider.acquire_lease("handoff", "alice", 5000)
+        transfer = asyncio.create_task(
+            etcd_provider.transfer_lease("handoff", "alice", "bob", 5000)
+        )
+        await asyncio.sleep(delay)
+        transfer.cancel()
+        await asyncio.gather(transfer, return_exceptions=True)
+        await asyncio.sleep(0.1)  # let the background settlement finish
+        assert await etcd_provider.get_lease_owner("handoff") in ("alice", "bob")
+        for owner in ("alice", "bob"):
+            await etcd_provider.release_lease("handoff", owner)

@@ -316,10 +316,14 @@ class EtcdClient:
 
     async def range(self, key: bytes) -> pb.KeyValue | None:
         """A linearizable read of one key."""
+        return (await self.range_at(key))[0]
+
+    async def range_at(self, key: bytes) -> tuple[pb.KeyValue | None, int]:
+        """A linearizable read of one key, and the store's revision when it was read."""
         response = await self.call(
             "/etcdserverpb.KV/Range", pb.RangeRequest(key=key), pb.RangeResponse
         )
-        return response.kvs[0] if response.kvs else None
+        return (response.kvs[0] if response.kvs else None), response.header.revision
 
     async def range_prefix(self, prefix: bytes) -> list[pb.KeyValue]:
         """A linearizable read of every key under ``prefix``."""

@@ -1,4 +1,4 @@
-"""EtcdLeaseProvider: each contract call as its etcd transaction(s).
+"""EtcdBackend: each contract call as its etcd transaction(s).
 
 The invariants (see the README's "How it maps onto etcd"):
 
@@ -13,16 +13,18 @@ The invariants (see the README's "How it maps onto etcd"):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
-from etcd_leases.contract import AcquireResult, check_key, check_owner, check_ttl_ms
-from etcd_leases.errors import BackendUnavailable, LeaseValueError
+from etcd_leases.contract import AcquireResult, OwnerState, check_key, check_owner, check_ttl_ms
+from etcd_leases.errors import BackendUnavailable, LeaseError, LeaseLost, LeaseValueError
 from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
 from etcd_leases.etcd.txn import (
     Txn,
     create_revision_is,
@@ -31,7 +33,9 @@ from etcd_leases.etcd.txn import (
     get,
     mod_revision_is,
     put,
+    value_is,
 )
+from etcd_leases.etcd.watch import Watcher, WatchStream
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 DEFAULT_PREFIX = "/etcd-leases/"
@@ -54,7 +58,11 @@ def owner_of(kv: pb.KeyValue) -> str:
     return kv.value.decode("utf-8", errors="replace")
 
 
-class EtcdLeaseProvider:
+def state_of(kv: pb.KeyValue | None) -> OwnerState:
+    return OwnerState(None, None) if kv is None else OwnerState(owner_of(kv), kv.mod_revision)
+
+
+class EtcdBackend:
     """The lease contract on etcd, strongly consistent, with fencing tokens.
 
     ``endpoints`` is ``"host:port"`` / ``"http(s)://host:port"``, a comma-separated
@@ -89,9 +97,13 @@ class EtcdLeaseProvider:
         # The server's minimum TTL, learnt from grants: asking less than it would
         # make every renewal look like a change of TTL.
         self._min_ttl_s = 1
+        # One keep-alive stream and one watch stream serve every held lease.
+        self._keepalive = KeepAliveLoop(self._client)
+        self._watches = WatchStream(self._client)
+        self._background: set[asyncio.Task[None]] = set()
 
     @classmethod
-    def from_env(cls, **overrides: object) -> EtcdLeaseProvider:
+    def from_env(cls, **overrides: object) -> Self:
         """Configure from etcdctl's variables plus ``ETCD_LEASES_PREFIX``.
 
         ``ETCDCTL_ENDPOINTS``, ``ETCDCTL_CACERT``, ``ETCDCTL_CERT``, ``ETCDCTL_KEY``,
@@ -132,7 +144,15 @@ class EtcdLeaseProvider:
         await self.close()
 
     async def close(self) -> None:
-        """Close the connections; idempotent. Any call after it raises ProviderClosed."""
+        """Close the connections; idempotent. Any call after it raises ProviderClosed.
+
+        Held leases are lost (their keepers stop); waiters and watchers raise
+        ProviderClosed.
+        """
+        if self._background:
+            await asyncio.wait(self._background, timeout=self._client.timeout)
+        await self._keepalive.close()
+        await self._watches.close()
         await self._client.close()
 
     def etcd_key(self, key: str) -> bytes:
@@ -218,6 +238,77 @@ class EtcdLeaseProvider:
             return False
         return await self._move(etcd_key, kv, to_owner.encode("utf-8"), ttl_ms) is not None
 
+    # The recipes' capabilities (see HoldingProvider).
+
+    async def watch_owner(self, key: str) -> AsyncIterator[OwnerState]:
+        check_key(key)
+        self._client.check_open()
+        etcd_key = self.etcd_key(key)
+        kv, revision = await self._client.range_at(etcd_key)
+        state = state_of(kv)
+        yield state
+        watcher = self._watches.watch(etcd_key, revision + 1)
+        try:
+            async for events in watcher:
+                if not events:  # history compacted away: the key as it is now
+                    changes = [state_of(await self._client.range(etcd_key))]
+                else:
+                    changes = [
+                        state_of(event.kv if event.type == pb.Event.PUT else None)
+                        for event in events
+                    ]
+                for change in changes:
+                    if change != state:
+                        state = change
+                        yield state
+        finally:
+            watcher.cancel()
+
+    async def keep_lease(
+        self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
+    ) -> EtcdKeeper:
+        check_key(key)
+        check_owner(owner)
+        check_ttl_ms(ttl_ms)
+        self._client.check_open()
+        etcd_key = self.etcd_key(key)
+        kv, revision = await self._client.range_at(etcd_key)
+        if kv is None or state_of(kv) != OwnerState(owner, token) or not kv.lease:
+            raise LeaseLost(f"{owner!r} no longer holds {key!r} with token {token}")
+        kept = self._keepalive.keep(kv.lease, ttl_seconds(ttl_ms), valid_until)
+        return EtcdKeeper(self, etcd_key, kept, revision + 1)
+
+    async def put_fenced(
+        self, key: str, owner: str, token: int, data_key: str, value: bytes
+    ) -> bool:
+        check_key(data_key, "data_key")
+        return await self._fenced(key, owner, token, put(data_key.encode("utf-8"), value))
+
+    async def delete_fenced(self, key: str, owner: str, token: int, data_key: str) -> bool:
+        check_key(data_key, "data_key")
+        return await self._fenced(key, owner, token, delete(data_key.encode("utf-8")))
+
+    async def get_value(self, data_key: str) -> bytes | None:
+        """The value of the etcd key ``data_key`` (as written by a fenced put)."""
+        check_key(data_key, "data_key")
+        self._client.check_open()
+        kv = await self._client.range(data_key.encode("utf-8"))
+        return None if kv is None else kv.value
+
+    async def _fenced(self, key: str, owner: str, token: int, op: pb.RequestOp) -> bool:
+        """Apply ``op`` only if the tenure ``token`` still holds ``key``, in one transaction.
+
+        Its outcome is unknown if etcd does not answer: that surfaces as
+        BackendUnavailable, never as a retry that could apply it twice.
+        """
+        check_key(key)
+        check_owner(owner)
+        self._client.check_open()
+        lease_key = self.etcd_key(key)
+        txn = Txn.when(mod_revision_is(lease_key, token), value_is(lease_key, owner.encode()))
+        response = await self._client.txn(txn.then(op).request)
+        return response.succeeded
+
     # How each step becomes etcd calls.
 
     async def _grant(self, ttl_ms: int) -> tuple[int, int]:
@@ -276,19 +367,97 @@ class EtcdLeaseProvider:
     ) -> Tenure | None:
         """Put ``value`` on the key under a new lease if ``kv`` still holds it, atomically."""
         lease_id, granted = await self._grant(ttl_ms)
+        txn = (
+            Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
+            .then(put(etcd_key, value, lease_id), get(etcd_key))
+            .otherwise(get(etcd_key))
+        )
         try:
-            txn = (
-                Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
-                .then(put(etcd_key, value, lease_id), get(etcd_key))
-                .otherwise(get(etcd_key))
-            )
             now = await self._settled_txn(etcd_key, txn)
         except BaseException:
-            await self._revoke_quietly(lease_id)
+            # Cancelled (or failed) mid-flight: the move may have landed, and then the
+            # new lease is someone's tenure. Settle it in the background by reading.
+            self._in_background(self._settle_move(etcd_key, lease_id, kv.lease))
             raise
+        if not await self._conclude_move(now, lease_id, kv.lease):
+            return None
+        assert now is not None
+        return Tenure(now.mod_revision, granted * 1000)
+
+    async def _conclude_move(
+        self, now: pb.KeyValue | None, lease_id: int, old_lease: int
+    ) -> bool:
+        """Revoke whichever lease lost: the old tenure's if the move landed, else ours."""
         if now is None or now.lease != lease_id:
             await self._revoke_quietly(lease_id)
-            return None
-        if kv.lease:
-            await self._revoke_quietly(kv.lease)
-        return Tenure(now.mod_revision, granted * 1000)
+            return False
+        if old_lease:
+            await self._revoke_quietly(old_lease)
+        return True
+
+    async def _settle_move(self, etcd_key: bytes, lease_id: int, old_lease: int) -> None:
+        with contextlib.suppress(LeaseError):
+            await self._conclude_move(await self._client.range(etcd_key), lease_id, old_lease)
+
+    def _in_background(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)  # a reference, so the task is not collected
+        task.add_done_callback(self._background.discard)
+
+
+class EtcdKeeper:
+    """A tenure kept alive on the provider's keep-alive stream, its key watched.
+
+    Any event on the key ends the tenure: renewals do not write, so an event is a
+    transfer, a release, an expiry or a delete by anyone.
+    """
+
+    def __init__(
+        self, backend: EtcdBackend, etcd_key: bytes, kept: KeptLease, watch_from: int
+    ) -> None:
+        self._backend = backend
+        self._etcd_key = etcd_key
+        self._kept = kept
+        self._recheck: asyncio.Task[None] | None = None
+        self._watcher: Watcher = backend._watches.watch(
+            etcd_key, watch_from, on_events=self._on_events
+        )
+        kept.add_loss_callback(lambda _: self._watcher.cancel())
+
+    @property
+    def lost(self) -> asyncio.Event:
+        return self._kept.lost
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self._kept.lost_reason
+
+    def remaining(self) -> float:
+        return self._kept.remaining()
+
+    def lose(self, reason: str) -> None:
+        self._backend._keepalive.mark_lost(self._kept, reason)
+        self._watcher.cancel()
+
+    def stop(self) -> None:
+        self._backend._keepalive.release(self._kept)
+        self._watcher.cancel()
+
+    def _on_events(self, events: list[pb.Event]) -> None:
+        if not events:  # history compacted away: re-read to know
+            self._recheck = asyncio.get_running_loop().create_task(self._reread())
+            return
+        last = events[-1]
+        if last.type == pb.Event.DELETE:
+            self.lose("the key was released, deleted or expired")
+        else:
+            self.lose(f"the key was handed to {owner_of(last.kv)!r}")
+
+    async def _reread(self) -> None:
+        try:
+            kv = await self._backend.client.range(self._etcd_key)
+        except LeaseError as exc:
+            self.lose(f"could not re-read the key: {exc}")
+            return
+        if kv is None or kv.lease != self._kept.lease_id:
+            self.lose("the key changed while its watch history was compacted")

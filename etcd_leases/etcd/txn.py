@@ -27,6 +27,10 @@ def mod_revision_is(key: bytes, revision: int) -> pb.Compare:
     )
 
 
+def value_is(key: bytes, value: bytes) -> pb.Compare:
+    return pb.Compare(key=key, target=pb.Compare.VALUE, result=pb.Compare.EQUAL, value=value)
+
+
 def put(key: bytes, value: bytes, lease: int = 0) -> pb.RequestOp:
     return pb.RequestOp(request_put=pb.PutRequest(key=key, value=value, lease=lease))
 

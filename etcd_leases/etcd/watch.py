@@ -1,0 +1,532 @@
+"""One etcd ``Watch`` stream per provider, shared by every watcher of one exact key.
+
+Held leases need to see within milliseconds that their key was transferred or
+deleted, and a process may hold thousands of them; waiters and leader-election
+observers iterate over the changes of a key. Both go through :class:`WatchStream`:
+
+- **One bidirectional stream, one background task.** Watchers are plain objects:
+  no task per watcher. Events are handed to a watcher's ``on_events`` callback,
+  synchronously, or queued for ``async for``.
+- **Creates are serialized.** etcd answers the creates of one stream in order but
+  only says which watch id it assigned, so, like the Go client, we send one create
+  at a time and map the id of each ``created`` answer to the watcher that asked.
+- **Nothing lost, nothing twice.** Each watcher keeps its resume point,
+  ``next_revision`` (the revision after the last event it was given). When the
+  stream breaks (a gRPC error, the server ending it, a member without a leader, a
+  member killed or frozen, noticed through gRPC keepalive) it is reopened on the next
+  endpoint with exponential backoff (50 ms .. 1 s) and every live watcher is created
+  again from its resume point. Events below the resume point are dropped, so a
+  batch is never delivered twice.
+- **History lost is said, not hidden.** When etcd has compacted the revisions a
+  watcher still needs, the watcher receives an **empty batch** (``[]``): "history was
+  lost, re-read the key". It then resumes from etcd's compaction revision, the oldest
+  one still kept, so later events still arrive, each once. After a re-read at some
+  revision R, events with ``kv.mod_revision <= R`` may still follow: compare revisions.
+
+The task starts with the first watcher and stops once no watcher has been left
+for ``idle_timeout`` seconds; it never lets a gRPC error escape: a watcher only ever
+ends by :meth:`Watcher.cancel`, by :meth:`WatchStream.close` (``ProviderClosed``), or
+with a :class:`LeaseError` when etcd refuses to watch its key (``PermissionDenied``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeAlias
+
+import grpc
+import grpc.aio
+
+from etcd_leases.errors import (
+    BackendError,
+    LeaseError,
+    LeaseTypeError,
+    LeaseValueError,
+    PermissionDenied,
+    ProviderClosed,
+)
+from etcd_leases.etcd.client import EtcdClient, to_lease_error
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+
+__all__ = ["EventsCallback", "WatchStream", "Watcher"]
+
+_log = logging.getLogger(__name__)
+
+#: Called synchronously with each batch of a watcher's events (``[]``: re-read the key).
+EventsCallback: TypeAlias = Callable[[list[pb.Event]], None]
+#: Called once when a watcher ends with an error (closed stream, watch refused).
+ErrorCallback: TypeAlias = Callable[[LeaseError], None]
+_WatchCall: TypeAlias = grpc.aio.StreamStreamCall[pb.WatchRequest, pb.WatchResponse]
+
+_MIN_BACKOFF_S = 0.05
+_MAX_BACKOFF_S = 1.0
+_PERMISSION_DENIED = "permission denied"
+
+
+class _StreamBroken(Exception):
+    """The stream can no longer be trusted; reopen it elsewhere and re-create watchers."""
+
+
+class Watcher:
+    """Changes of one exact key, from a start revision on, in revision order.
+
+    ``async for batch in watcher`` yields lists of ``pb.Event``; an empty list means
+    etcd compacted history this watcher still needed: re-read the key. Iteration ends
+    after :meth:`cancel`, and raises ``ProviderClosed`` after :meth:`WatchStream.close`
+    (batches received before it are still yielded first).
+
+    A watcher made with ``on_events`` hands every batch to that callback instead and
+    queues nothing; iterating it only waits for its end.
+    """
+
+    def __init__(
+        self,
+        stream: WatchStream,
+        key: bytes,
+        start_revision: int,
+        on_events: EventsCallback | None,
+        on_error: ErrorCallback | None,
+    ) -> None:
+        self.key = key
+        #: The first revision not yet delivered: where a re-created watch starts.
+        #: 0 (only before etcd first registers a "from now" watch) means "current".
+        self.next_revision = start_revision
+        #: The id etcd gave this watch on the current stream, once registered.
+        self.watch_id: int | None = None
+        self._stream = stream
+        self._on_events = on_events
+        self._on_error = on_error
+        self._queue: deque[list[pb.Event]] = deque()
+        self._ready = asyncio.Event()
+        self._ended = False
+        self._error: LeaseError | None = None
+
+    def __repr__(self) -> str:
+        state = "ended" if self._ended else f"next_revision={self.next_revision}"
+        return f"<Watcher {self.key!r} {state}>"
+
+    @property
+    def registered(self) -> bool:
+        """True while etcd has confirmed this watch on the current stream."""
+        return self.watch_id is not None
+
+    @property
+    def ended(self) -> bool:
+        """True once the watcher was cancelled, closed or refused: no more events."""
+        return self._ended
+
+    @property
+    def error(self) -> LeaseError | None:
+        """Why the watcher ended, if not by :meth:`cancel`."""
+        return self._error
+
+    def cancel(self) -> None:
+        """Stop watching (idempotent): no more callbacks; iteration ends at once."""
+        if self._ended:
+            return
+        self._ended = True
+        self._queue.clear()
+        self._stream._forget(self)
+        self._ready.set()
+
+    def __aiter__(self) -> AsyncIterator[list[pb.Event]]:
+        return self
+
+    async def __anext__(self) -> list[pb.Event]:
+        while True:
+            if self._queue:
+                return self._queue.popleft()
+            if self._ended:
+                if self._error is not None:
+                    # The same instance for every caller; drop the previous traceback.
+                    raise self._error.with_traceback(None)
+                raise StopAsyncIteration
+            self._ready.clear()
+            await self._ready.wait()
+
+    # Called by the stream.
+
+    def _deliver(self, events: Sequence[pb.Event]) -> None:
+        """Hand over the events at or after the resume point, and move it past them."""
+        batch = [event for event in events if event.kv.mod_revision >= self.next_revision]
+        if not batch:
+            return
+        self.next_revision = batch[-1].kv.mod_revision + 1
+        self._emit(batch)
+
+    def _compacted(self, compact_revision: int) -> None:
+        """History before ``compact_revision`` is gone: tell the consumer to re-read."""
+        self.next_revision = max(self.next_revision, compact_revision)
+        self._emit([])
+
+    def _progress(self, revision: int) -> None:
+        """etcd says every event up to ``revision`` was sent.
+
+        Only moves the resume point to ``revision`` itself, not past it: etcd before
+        3.4.24 / 3.5.8 could announce progress ahead of events of that same revision.
+        Keeps a quiet watcher's resume point from falling behind compaction.
+        """
+        self.next_revision = max(self.next_revision, revision)
+
+    def _emit(self, batch: list[pb.Event]) -> None:
+        if self._ended:
+            return
+        if self._on_events is None:
+            self._queue.append(batch)
+            self._ready.set()
+            return
+        try:
+            self._on_events(batch)
+        except Exception:
+            # One consumer's bug must not break the stream the others share.
+            _log.exception("on_events callback of %r raised", self)
+
+    def _finish(self, error: LeaseError) -> None:
+        """End the watcher with ``error``; queued batches are still yielded first."""
+        if self._ended:
+            return
+        self._ended = True
+        self._error = error
+        self.watch_id = None
+        self._ready.set()
+        if self._on_error is not None:
+            try:
+                self._on_error(error)
+            except Exception:
+                _log.exception("on_error callback of %r raised", self)
+
+
+class WatchStream:
+    """One ``Watch`` stream multiplexing every watcher of a provider; see the module doc."""
+
+    def __init__(self, client: EtcdClient, *, idle_timeout: float = 10.0) -> None:
+        self._client = client
+        self._idle_timeout = idle_timeout
+        # Waiting for a create on the current stream, in the order they will be sent.
+        self._pending: dict[Watcher, None] = {}
+        # The one create sent whose ``created`` answer has not come yet.
+        self._creating: Watcher | None = None
+        self._active: dict[int, Watcher] = {}
+        self._cancels: deque[int] = deque()
+        self._work = asyncio.Event()  # the sender has something to send
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._progressed = False  # the current stream registered a watch: reset backoff
+        self._create_deadline = 0.0  # when the create in flight counts as unanswered
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def running(self) -> bool:
+        """True while the background task (and so, mostly, a stream) is up."""
+        return self._task is not None
+
+    def watch(
+        self,
+        key: bytes,
+        start_revision: int,
+        *,
+        on_events: EventsCallback | None = None,
+        on_error: ErrorCallback | None = None,
+    ) -> Watcher:
+        """Watch ``key`` from ``start_revision`` on (e.g. a read's revision + 1).
+
+        Registration happens in the background, but events are addressed by revision,
+        so none from ``start_revision`` on is missed however late it completes.
+        ``start_revision=0`` means "from whenever etcd registers the watch", which can
+        miss a change made before that: prefer a revision. ``on_events`` is called
+        synchronously with each batch (then nothing is queued for iteration);
+        ``on_error`` once if the watcher ends with an error. Must be called from the
+        event loop the stream runs on.
+        """
+        if self._closed:
+            raise ProviderClosed("the watch stream is closed")
+        self._client.check_open()
+        if not isinstance(key, bytes):
+            raise LeaseTypeError(f"key must be bytes, not {type(key).__name__}")
+        if not key:
+            raise LeaseValueError("key must not be empty")
+        if not isinstance(start_revision, int) or isinstance(start_revision, bool):
+            raise LeaseTypeError(
+                f"start_revision must be an int, not {type(start_revision).__name__}"
+            )
+        if start_revision < 0:
+            raise LeaseValueError(f"start_revision must be >= 0, got {start_revision}")
+        watcher = Watcher(self, key, start_revision, on_events, on_error)
+        self._pending[watcher] = None
+        self._work.set()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="etcd-leases watch stream"
+            )
+            self._task.add_done_callback(_log_unexpected_end)
+        return watcher
+
+    async def close(self) -> None:
+        """End every watcher with ``ProviderClosed`` and stop the stream; idempotent."""
+        self._closed = True
+        # Watchers first, synchronously: they end even if this call is cancelled.
+        self._end_all(ProviderClosed("the watch stream is closed"))
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
+
+    # Bookkeeping shared by the API and the stream task.
+
+    def _live(self) -> bool:
+        creating = self._creating is not None and not self._creating.ended
+        return bool(self._pending or self._active or creating)
+
+    def _forget(self, watcher: Watcher) -> None:
+        """``watcher`` was cancelled: drop it, and cancel its watch on etcd's side."""
+        self._pending.pop(watcher, None)
+        watch_id, watcher.watch_id = watcher.watch_id, None
+        if watch_id is not None and self._active.get(watch_id) is watcher:
+            del self._active[watch_id]
+            self._cancels.append(watch_id)
+        # A watcher whose create is in flight is cancelled when its id comes back.
+        self._work.set()
+
+    def _requeue(self) -> None:
+        """The stream is gone: every live watcher needs a create on the next one."""
+        watchers: list[Watcher] = []
+        if self._creating is not None and not self._creating.ended:
+            watchers.append(self._creating)
+        watchers.extend(self._active.values())
+        watchers.extend(self._pending)
+        for watcher in watchers:
+            watcher.watch_id = None
+        self._pending = dict.fromkeys(watchers)
+        self._creating = None
+        self._active.clear()
+        self._cancels.clear()
+
+    def _end_all(self, error: LeaseError) -> None:
+        self._requeue()
+        watchers, self._pending = list(self._pending), {}
+        for watcher in watchers:
+            watcher._finish(error)
+
+    # The stream task.
+
+    async def _run(self) -> None:
+        """Keep a stream open while watchers live; reopen it elsewhere when it breaks."""
+        backoff = _MIN_BACKOFF_S
+        try:
+            while not self._closed:
+                self._progressed = False
+                try:
+                    await self._session()
+                except asyncio.CancelledError as exc:
+                    # gRPC cancels our calls when the client's channels are closed.
+                    closed = self._client.closed_under(exc)
+                    if closed is None:
+                        raise
+                    self._end_all(closed)
+                    return
+                except Exception as exc:
+                    if self._closed:
+                        return
+                    fatal = self._fatal(exc)
+                    if fatal is not None:
+                        self._end_all(fatal)
+                        return
+                    self._requeue()
+                    if self._progressed:
+                        backoff = _MIN_BACKOFF_S
+                    _log.info(
+                        "etcd watch stream broke (%s); reopening in %.2f s on the next member",
+                        _describe(exc),
+                        backoff,
+                    )
+                    self._client.rotate()
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                    continue
+                # The session ended because nobody watched for a while; a watcher
+                # may have come while it was shutting down.
+                self._requeue()
+                if not self._live():
+                    return
+        except Exception as exc:
+            # A bug of ours: end the watchers rather than leave them waiting forever.
+            _log.exception("etcd watch stream failed")
+            self._end_all(BackendError(f"the watch stream failed: {exc!r}"))
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
+
+    def _fatal(self, exc: Exception) -> LeaseError | None:
+        """The error that ends every watcher, or ``None`` to reopen the stream."""
+        if self._client.closed:
+            return ProviderClosed("the provider is closed")
+        if isinstance(exc, grpc.aio.AioRpcError):
+            error: Exception = to_lease_error(exc)
+        else:
+            error = exc
+        # Wrong credentials do not get better by retrying; anything else might.
+        return error if isinstance(error, PermissionDenied) else None
+
+    async def _session(self) -> None:
+        """One stream: returns when idle, raises when it broke."""
+        metadata = await self._client.metadata()
+        call = self._client.watch_stream(metadata)
+        sender = asyncio.create_task(self._send_loop(call))
+        receiver = asyncio.create_task(self._receive_loop(call))
+        try:
+            done, _ = await asyncio.wait((sender, receiver), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            call.cancel()
+            sender.cancel()
+            receiver.cancel()
+            await asyncio.wait((sender, receiver))
+            # Retrieve both outcomes so none is reported as never retrieved.
+            for task in (sender, receiver):
+                if not task.cancelled():
+                    task.exception()
+        for task in (receiver, sender):
+            if task not in done:
+                continue
+            if task.cancelled():
+                # Nobody but gRPC cancels these tasks here: it does so to the call's
+                # readers and writers when the client's channel is closed.
+                if self._client.closed:
+                    raise ProviderClosed("the provider is closed")
+                raise _StreamBroken("gRPC cancelled the watch call")
+            if (error := task.exception()) is not None:
+                raise error
+        if receiver in done:
+            raise _StreamBroken("etcd ended the watch stream")
+        # The sender returned: nobody watched for idle_timeout seconds.
+
+    async def _send_loop(self, call: _WatchCall) -> None:
+        """The only writer: cancels, then creates one at a time; returns when idle."""
+        while True:
+            self._work.clear()
+            while self._cancels:
+                request = pb.WatchCancelRequest(watch_id=self._cancels.popleft())
+                await call.write(pb.WatchRequest(cancel_request=request))
+            if self._creating is None and self._pending:
+                watcher = next(iter(self._pending))
+                del self._pending[watcher]
+                self._creating = watcher
+                create = pb.WatchCreateRequest(
+                    key=watcher.key,
+                    start_revision=watcher.next_revision,
+                    # Lets a quiet watcher's resume point follow the store (see _progress).
+                    progress_notify=True,
+                )
+                loop = asyncio.get_running_loop()
+                self._create_deadline = loop.time() + self._create_timeout()
+                await call.write(pb.WatchRequest(create_request=create))
+                continue
+            if self._creating is not None:
+                # A member that froze before answering (or a connection that never
+                # came up, which keepalive does not cover) must not stall every create.
+                if asyncio.get_running_loop().time() >= self._create_deadline:
+                    raise _StreamBroken("etcd did not confirm a watch in time")
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(self._create_deadline):
+                        await self._work.wait()
+                continue
+            if self._live():
+                await self._work.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._idle_timeout):
+                    await self._work.wait()
+            if not self._live():
+                return
+
+    def _create_timeout(self) -> float:
+        """How long a create may go unanswered: the client's share per member."""
+        members = len(self._client.endpoints)
+        if members == 1:
+            return self._client.timeout
+        return max(self._client.timeout / members, 0.5)
+
+    async def _receive_loop(self, call: _WatchCall) -> None:
+        """Dispatch every response; returns at end of stream."""
+        while True:
+            response = await call.read()
+            if not isinstance(response, pb.WatchResponse):
+                return  # grpc.aio.EOF: etcd ended the stream
+            self._dispatch(response)
+
+    def _dispatch(self, response: pb.WatchResponse) -> None:
+        if response.created:
+            self._on_created(response)
+            return
+        watcher = self._active.get(response.watch_id)
+        if watcher is None:
+            return  # cancelled by us; late answers are dropped
+        if response.events:
+            watcher._deliver(response.events)
+        if response.compact_revision > 0:
+            # etcd dropped this watch: its start revision is older than what it keeps.
+            del self._active[response.watch_id]
+            watcher.watch_id = None
+            watcher._compacted(response.compact_revision)
+            if not watcher.ended:
+                self._pending[watcher] = None
+                self._work.set()
+        elif response.canceled:
+            # Not asked for and not a compaction: re-create everything, with backoff.
+            raise _StreamBroken(f"etcd cancelled a watch: {response.cancel_reason!r}")
+        elif not response.events:
+            watcher._progress(response.header.revision)
+
+    def _on_created(self, response: pb.WatchResponse) -> None:
+        watcher, self._creating = self._creating, None
+        self._work.set()  # the next create may go
+        if watcher is None:
+            raise _StreamBroken("etcd confirmed a watch that was not asked for")
+        if response.canceled:
+            if response.compact_revision > 0:
+                watcher._compacted(response.compact_revision)
+                if not watcher.ended:
+                    self._pending[watcher] = None
+            elif not watcher.ended:
+                self._refused(watcher, response.cancel_reason)
+            return
+        self._progressed = True
+        if watcher.ended:
+            self._cancels.append(response.watch_id)  # cancelled while being created
+            return
+        if watcher.next_revision == 0:
+            # etcd starts a "from now" watch right after the revision in this header.
+            watcher.next_revision = response.header.revision + 1
+        watcher.watch_id = response.watch_id
+        self._active[response.watch_id] = watcher
+        if response.events:
+            watcher._deliver(response.events)
+
+    def _refused(self, watcher: Watcher, reason: str) -> None:
+        """etcd would not create the watch: retry elsewhere, or end the watcher."""
+        if "invalid auth token" in reason:
+            # A stale token: the reopened stream logs in again (on another member).
+            self._pending[watcher] = None
+            raise _StreamBroken(f"etcd refused a watch: {reason!r}")
+        if _PERMISSION_DENIED in reason:
+            watcher._finish(PermissionDenied(f"etcd: cannot watch {watcher.key!r}: {reason}"))
+        else:
+            watcher._finish(BackendError(f"etcd: cannot watch {watcher.key!r}: {reason}"))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return str(to_lease_error(exc))
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _log_unexpected_end(task: asyncio.Task[None]) -> None:
+    """Retrieve the task's outcome; ``_run`` handles its own errors, so this is a bug."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        _log.error("etcd watch stream task ended with %r", exc)

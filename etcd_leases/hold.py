@@ -1,0 +1,218 @@
+"""Holding a lease: background renewal, loss detection, fencing and waiting.
+
+Written against the contract (:class:`HoldingProvider`), so it runs on etcd and on
+the in-memory model alike::
+
+    async with provider.hold("job:42", me, 15_000) as lease:
+        while work_left():
+            lease.check()                        # raises LeaseLost once it is gone
+            await lease.put("job:42/state", ...)  # applies only while we hold it
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from typing import TYPE_CHECKING
+
+from etcd_leases.contract import AcquireResult, HoldingProvider, Keeper, check_owner
+from etcd_leases.errors import LeaseHeld, LeaseLost, LeaseTypeError, LeaseValueError
+
+if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
+
+class HeldLease:
+    """One tenure of ``key`` by ``owner``, kept alive until the ``hold`` block ends."""
+
+    def __init__(
+        self,
+        provider: HoldingProvider,
+        key: str,
+        owner: str,
+        acquired: AcquireResult,
+        keeper: Keeper,
+    ) -> None:
+        assert acquired.token is not None and acquired.ttl_ms is not None
+        self.key = key
+        self.owner = owner
+        #: The fencing token: show it to anything this lease protects.
+        self.token: int = acquired.token
+        #: The TTL granted, in ms.
+        self.ttl_ms: int = acquired.ttl_ms
+        self._provider = provider
+        self._keeper = keeper
+        self._handed_on = False
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set the moment the tenure is over: expired, taken, deleted or handed on."""
+        return self._keeper.lost
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self._keeper.lost_reason
+
+    def remaining(self) -> float:
+        """Seconds of guaranteed validity on this process's clock; 0 once lost.
+
+        Counted from when the last answered renewal was *sent*, so it never runs
+        past what etcd allows.
+        """
+        return 0.0 if self.lost.is_set() else self._keeper.remaining()
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` unless the tenure is still guaranteed."""
+        if self.remaining() <= 0:
+            reason = self.lost_reason or "its TTL ran out with no renewal answered"
+            raise LeaseLost(f"{self.owner!r} lost {self.key!r}: {reason}")
+
+    async def transfer(self, to_owner: str, ttl_ms: int | None = None) -> None:
+        """Hand the key to ``to_owner`` atomically; this lease is then lost.
+
+        The new owner takes over with :func:`adopt`, with no gap in between.
+        """
+        check_owner(to_owner, "to_owner")
+        self.check()
+        if not await self._provider.transfer_lease(
+            self.key, self.owner, to_owner, self.ttl_ms if ttl_ms is None else ttl_ms
+        ):
+            self._keeper.lose("lost before it could be transferred")
+            self.check()
+        self._handed_on = True
+        self._keeper.lose(f"transferred to {to_owner!r}")
+
+    async def put(self, data_key: str, value: str | bytes) -> bool:
+        """Write ``data_key`` only while this tenure holds the key; whether it applied."""
+        if self.remaining() <= 0:
+            return False
+        data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+        return await self._provider.put_fenced(self.key, self.owner, self.token, data_key, data)
+
+    async def delete(self, data_key: str) -> bool:
+        """Delete ``data_key`` only while this tenure holds the key; whether it applied."""
+        if self.remaining() <= 0:
+            return False
+        return await self._provider.delete_fenced(self.key, self.owner, self.token, data_key)
+
+    async def _finish(self) -> None:
+        """Stop renewing; release the key unless the tenure already ended."""
+        lost = self.lost.is_set()
+        self._keeper.stop()
+        if not lost and not self._handed_on:
+            await self._provider.release_lease(self.key, self.owner)
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost.is_set() else f"{self.remaining():.3f}s left"
+        return f"<HeldLease {self.key!r} by {self.owner!r} token={self.token} {state}>"
+
+
+def _holding(provider: object) -> HoldingProvider:
+    if not isinstance(provider, HoldingProvider):
+        raise LeaseTypeError(
+            f"{type(provider).__name__} cannot hold leases: it needs watch_owner, "
+            "keep_lease, put_fenced, delete_fenced and get_value (see HoldingProvider)"
+        )
+    return provider
+
+
+def _wait_seconds(wait: bool | float) -> float | None:
+    """``None`` to wait for ever; a number of seconds otherwise (0: do not wait)."""
+    if wait is True:
+        return None
+    if wait is False:
+        return 0.0
+    if not isinstance(wait, int | float) or not wait >= 0:
+        raise LeaseValueError(f"wait must be a bool or a number of seconds >= 0, got {wait!r}")
+    return float(wait)
+
+
+async def _keep(
+    provider: HoldingProvider, key: str, owner: str, result: AcquireResult, sent_at: float
+) -> HeldLease:
+    assert result.token is not None and result.ttl_ms is not None
+    valid_until = sent_at + result.ttl_ms / 1000
+    keeper = await provider.keep_lease(key, owner, result.token, result.ttl_ms, valid_until)
+    return HeldLease(provider, key, owner, result, keeper)
+
+
+async def _acquire(
+    provider: HoldingProvider, key: str, owner: str, ttl_ms: int, wait: float | None
+) -> HeldLease:
+    sent_at = time.monotonic()
+    result = await provider.acquire_lease(key, owner, ttl_ms)
+    if result.acquired:
+        return await _keep(provider, key, owner, result, sent_at)
+    if wait == 0:
+        raise LeaseHeld(key, result.owner)
+    holder = result.owner
+    try:
+        async with asyncio.timeout(wait), aclosing(provider.watch_owner(key)) as states:
+            # The first state is the key as it is now, so a release between our
+            # attempt and the watch's start is not missed.
+            async for state in states:
+                if state.owner is not None and state.owner != owner:
+                    holder = state.owner
+                    continue
+                sent_at = time.monotonic()
+                result = await provider.acquire_lease(key, owner, ttl_ms)
+                if result.acquired:
+                    return await _keep(provider, key, owner, result, sent_at)
+                holder = result.owner
+    except TimeoutError:
+        raise LeaseHeld(key, holder) from None
+    raise LeaseHeld(key, holder)  # the watch ended without the key coming free
+
+
+@asynccontextmanager
+async def hold(
+    provider: object, key: str, owner: str, ttl_ms: int, *, wait: bool | float = False
+) -> AsyncIterator[HeldLease]:
+    """Acquire ``key`` and keep it alive for the block; release it at the end.
+
+    ``wait=False`` raises :class:`LeaseHeld` naming the holder if the key is taken;
+    ``wait=True`` (or a number of seconds) waits for the key, watching it, and takes
+    it as soon as it is free. Inside, ``lease.lost`` is set and ``lease.check()``
+    raises the moment the tenure ends.
+    """
+    holding = _holding(provider)
+    held = await _acquire(holding, key, owner, ttl_ms, _wait_seconds(wait))
+    try:
+        yield held
+    finally:
+        await held._finish()
+
+
+@asynccontextmanager
+async def adopt(provider: object, key: str, owner: str, ttl_ms: int) -> AsyncIterator[HeldLease]:
+    """Take over the tenure someone transferred to ``owner``, like ``hold`` does.
+
+    Raises :class:`LeaseLost` if ``owner`` does not hold ``key`` (any more).
+    """
+    holding = _holding(provider)
+    sent_at = time.monotonic()
+    if not await holding.renew_lease(key, owner, ttl_ms):
+        raise LeaseLost(f"{owner!r} does not hold {key!r}: there is no tenure to adopt")
+    # Just renewed, so this is the same tenure; it tells us its token.
+    result = await holding.acquire_lease(key, owner, ttl_ms)
+    if not result.acquired:
+        raise LeaseLost(f"{owner!r} lost {key!r} while adopting it")
+    held = await _keep(holding, key, owner, result, sent_at)
+    try:
+        yield held
+    finally:
+        await held._finish()
+
+
+class Holding:
+    """Gives a provider ``hold`` and ``adopt`` methods (see the functions of this module)."""
+
+    def hold(
+        self, key: str, owner: str, ttl_ms: int, *, wait: bool | float = False
+    ) -> AbstractAsyncContextManager[HeldLease]:
+        return hold(self, key, owner, ttl_ms, wait=wait)
+
+    def adopt(self, key: str, owner: str, ttl_ms: int) -> AbstractAsyncContextManager[HeldLease]:
+        return adopt(self, key, owner, ttl_ms)

@@ -1,0 +1,123 @@
+"""Leader election on the reference model and on every etcd."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from etcd_leases import Election, HeldLease, LeaseHeld, LeaseLost, ProviderClosed
+from tests.test_hold import Live, live  # noqa: F401  (the fixture)
+
+
+async def next_leaders(updates: asyncio.Queue[str | None], count: int) -> list[str | None]:
+    return [await asyncio.wait_for(updates.get(), 5) for _ in range(count)]
+
+
+async def test_campaign_resign_and_leader(live: Live) -> None:
+    alice = Election(live.provider, "seat", "alice", 5000)
+    bob = Election(live.another(), "seat", "bob", 5000)
+    assert await alice.leader() is None
+    lease = await alice.campaign()
+    assert await bob.leader() == "alice" and lease.owner == "alice"
+    assert await alice.campaign() is lease  # already leading
+    with pytest.raises(LeaseHeld):
+        await bob.campaign(timeout=0.3)
+    bob_won = asyncio.create_task(bob.campaign())
+    await asyncio.sleep(0.1)
+    await alice.resign()
+    await alice.resign()  # a no-op the second time
+    assert (await asyncio.wait_for(bob_won, 5)).owner == "bob"
+    assert await alice.leader() == "bob"
+    await bob.resign()
+    assert await alice.leader() is None
+
+
+async def test_observe_reports_every_leader_and_the_empty_seat(live: Live) -> None:
+    alice = Election(live.provider, "obs", "alice", 5000)
+    bob = Election(live.another(), "obs", "bob", 5000)
+    updates: asyncio.Queue[str | None] = asyncio.Queue()
+
+    async def observe() -> None:
+        async for leader in alice.observe():
+            updates.put_nowait(leader)
+
+    observer = asyncio.create_task(observe())
+    assert await next_leaders(updates, 1) == [None]
+    lease = await alice.campaign()
+    await lease.transfer("bob")  # straight to bob: no empty seat in between
+    async with bob.provider.adopt("obs", "bob", 5000):
+        assert await next_leaders(updates, 2) == ["alice", "bob"]
+    assert await next_leaders(updates, 1) == [None]
+    await bob.campaign()
+    await bob.resign()
+    assert await next_leaders(updates, 2) == ["bob", None]
+    observer.cancel()
+    await asyncio.gather(observer, return_exceptions=True)
+
+
+async def test_leadership_block_is_cancelled_when_the_seat_is_lost(live: Live) -> None:
+    alice = Election(live.provider, "lead", "alice", 5000)
+    reached_end = False
+    usurper = live.another()
+    with pytest.raises(LeaseLost):
+        async with alice.leadership() as lease:
+            # Not awaited here: this block is cancelled as soon as the loss is seen.
+            transfer = asyncio.create_task(usurper.transfer_lease("lead", "alice", "usurper", 5000))
+            await asyncio.sleep(5)  # cancelled long before this ends
+            reached_end = True
+    assert await transfer
+    assert not reached_end and lease.lost.is_set()
+    assert await alice.leader() == "usurper"  # alice did not release the usurper
+
+
+async def test_leadership_block_that_ends_normally_resigns(live: Live) -> None:
+    alice = Election(live.provider, "lead2", "alice", 5000)
+    async with alice.leadership() as lease:
+        assert await alice.leader() == "alice" and not lease.lost.is_set()
+    assert await alice.leader() is None
+
+
+async def test_run_recampaigns_after_a_loss(live: Live) -> None:
+    alice = Election(live.provider, "runner", "alice", 5000)
+    events: list[str] = []
+    terms: asyncio.Queue[HeldLease] = asyncio.Queue()
+    stop = asyncio.Event()
+
+    async def lead(lease: HeldLease) -> None:
+        events.append(f"start {lease.token}")
+        terms.put_nowait(lease)
+        await asyncio.Event().wait()  # lead until cancelled
+
+    def stopped() -> None:
+        events.append("stop")
+
+    async def new_leader(leader: str | None) -> None:
+        events.append(f"leader {leader}")
+
+    runner = asyncio.create_task(alice.run(lead, stopped, new_leader, stop=stop))
+    first = await asyncio.wait_for(terms.get(), 5)
+    # Someone takes the seat from alice and lets it go: alice leads again.
+    other = live.another()
+    assert await other.transfer_lease("runner", "alice", "mallory", 5000)
+    await asyncio.sleep(0.2)
+    await other.release_lease("runner", "mallory")
+    second = await asyncio.wait_for(terms.get(), 5)
+    assert second.token > first.token
+    stop.set()  # ends the current term and the run
+    await asyncio.wait_for(runner, 5)
+    assert await alice.leader() is None
+    assert events.count("stop") == 2 and events[0] == "leader None"
+    assert "leader mallory" in events and events.count("leader alice") == 2
+
+
+async def test_a_candidate_whose_provider_closes_stops_waiting(live: Live) -> None:
+    holder = Election(live.another(), "zombie", "holder", 10_000)
+    await holder.campaign()
+    provider = live.another() if live.endpoints else live.provider
+    waiting = Election(provider, "zombie", "waiter", 10_000)
+    campaign = asyncio.create_task(waiting.campaign())
+    await asyncio.sleep(0.2)
+    await provider.close()
+    with pytest.raises(ProviderClosed):
+        await asyncio.wait_for(campaign, 2)

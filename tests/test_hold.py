@@ -1,0 +1,204 @@
+"""Holding a lease, on the reference model and on every etcd: renewal, loss, waiting, fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from etcd_leases import (
+    EtcdLeaseProvider,
+    InMemoryLeaseProvider,
+    LeaseHeld,
+    LeaseLost,
+    LeaseTypeError,
+    NoopLeaseProvider,
+    ProviderClosed,
+    hold,
+)
+from tests.conftest import ETCD_BINARIES, EtcdMembers, unique_prefix
+
+Provider = EtcdLeaseProvider | InMemoryLeaseProvider
+
+
+class Live:
+    """A provider on the real clock, and a way to make more clients of the same backend."""
+
+    def __init__(self, provider: Provider, endpoints: list[str] | None, prefix: str) -> None:
+        self.provider = provider
+        self.endpoints = endpoints
+        self.prefix = prefix
+        self.others: list[Provider] = []
+
+    def another(self) -> Provider:
+        if self.endpoints is None:
+            return self.provider
+        other = EtcdLeaseProvider(self.endpoints, prefix=self.prefix)
+        self.others.append(other)
+        return other
+
+
+@pytest.fixture(params=["memory", *ETCD_BINARIES])
+async def live(request: pytest.FixtureRequest, etcd_members: EtcdMembers) -> AsyncIterator[Live]:
+    name = str(request.param)
+    prefix = unique_prefix()
+    if name == "memory":
+        live = Live(InMemoryLeaseProvider(), None, prefix)
+    else:
+        endpoints = etcd_members.get(ETCD_BINARIES[name]).endpoints
+        live = Live(EtcdLeaseProvider(endpoints, prefix=prefix), endpoints, prefix)
+    try:
+        yield live
+    finally:
+        for other in live.others:
+            await other.close()
+        await live.provider.close()
+
+
+async def wait_for(event: asyncio.Event, seconds: float) -> float:
+    """How long ``event`` took to be set (fails after ``seconds``)."""
+    started = time.monotonic()
+    await asyncio.wait_for(event.wait(), seconds)
+    return time.monotonic() - started
+
+
+async def test_hold_acquires_keeps_and_releases(live: Live) -> None:
+    p = live.provider
+    async with p.hold("job", "alice", 1000) as lease:
+        assert (lease.key, lease.owner, lease.ttl_ms) == ("job", "alice", 1000)
+        assert 0 < lease.remaining() <= 1.0
+        await asyncio.sleep(3.5)  # several TTLs: renewals keep it
+        assert not lease.lost.is_set() and lease.remaining() > 0
+        lease.check()
+        again = await p.acquire_lease("job", "alice", 1000)
+        assert again.token == lease.token
+    assert await p.get_lease_owner("job") is None
+
+
+async def test_hold_refuses_a_held_key_naming_the_holder(live: Live) -> None:
+    await live.provider.acquire_lease("busy", "bob", 5000)
+    with pytest.raises(LeaseHeld) as caught:
+        async with live.provider.hold("busy", "alice", 5000):
+            pytest.fail("must not get here")
+    assert caught.value.holder == "bob"
+    with pytest.raises(LeaseHeld):
+        async with live.provider.hold("busy", "alice", 5000, wait=0.3):
+            pytest.fail("must not get here")
+
+
+async def test_waiter_takes_a_released_key_at_once(live: Live) -> None:
+    other = live.another()
+    await other.acquire_lease("queue", "bob", 10_000)
+    got_it = asyncio.Event()
+    took: list[float] = []
+
+    async def waiter() -> None:
+        async with live.provider.hold("queue", "alice", 10_000, wait=True) as lease:
+            took.append(time.monotonic())
+            got_it.set()
+            assert lease.owner == "alice"
+
+    task = asyncio.create_task(waiter())
+    await asyncio.sleep(0.3)
+    assert not got_it.is_set()
+    released = time.monotonic()
+    await other.release_lease("queue", "bob")
+    await asyncio.wait_for(task, 5)
+    print(f"takeover {1000 * (took[0] - released):.1f} ms after the release")
+    assert took[0] - released < 0.5
+
+
+async def test_waiter_takes_a_key_whose_holder_died(live: Live) -> None:
+    await live.another().acquire_lease("orphan", "dead", 1000)  # never renewed
+    started = time.monotonic()
+    async with live.provider.hold("orphan", "alice", 5000, wait=10) as lease:
+        assert lease.owner == "alice"
+    assert time.monotonic() - started < 1.0 + 1.5
+
+
+async def test_loss_by_transfer_is_seen_at_once(live: Live) -> None:
+    async with live.provider.hold("seat", "alice", 5000) as lease:
+        moved = time.monotonic()
+        assert await live.another().transfer_lease("seat", "alice", "mallory", 5000)
+        await wait_for(lease.lost, 1)
+        print(f"loss seen {1000 * (time.monotonic() - moved):.1f} ms after the transfer")
+        assert time.monotonic() - moved < 0.2
+        assert lease.remaining() == 0
+        with pytest.raises(LeaseLost):
+            lease.check()
+    assert await live.provider.get_lease_owner("seat") == "mallory"  # not released by alice
+
+
+async def test_loss_by_release_elsewhere_is_seen(live: Live) -> None:
+    async with live.provider.hold("seat2", "alice", 5000) as lease:
+        await live.another().release_lease("seat2", "alice")
+        await wait_for(lease.lost, 1)
+        assert not await lease.put("seat2/data", "late")
+
+
+async def test_transfer_and_adopt_without_a_gap(live: Live) -> None:
+    states: list[tuple[str | None, int | None]] = []
+    watching = asyncio.Event()
+
+    async def watch() -> None:
+        async for state in live.provider.watch_owner("baton"):
+            states.append((state.owner, state.token))
+            watching.set()
+
+    async with live.provider.hold("baton", "alice", 5000) as lease:
+        watcher = asyncio.create_task(watch())
+        await watching.wait()
+        await lease.transfer("bob")
+        assert lease.lost.is_set() and "bob" in (lease.lost_reason or "")
+        async with live.another().adopt("baton", "bob", 5000) as adopted:
+            assert adopted.token > lease.token and adopted.owner == "bob"
+            await adopted.transfer("carol")
+    async with live.provider.adopt("baton", "carol", 5000) as last:
+        assert last.token > adopted.token
+    await asyncio.sleep(0.2)
+    watcher.cancel()
+    await asyncio.gather(watcher, return_exceptions=True)
+    owners = [owner for owner, _ in states]
+    assert owners == ["alice", "bob", "carol", None], states  # never free between holders
+    with pytest.raises(LeaseLost):
+        async with live.provider.adopt("baton", "dave", 5000):
+            pytest.fail("dave was never handed the key")
+
+
+async def test_fenced_writes_apply_only_during_the_tenure(live: Live) -> None:
+    async with live.provider.hold("fence", "alice", 5000) as lease:
+        assert await lease.put("fence/state", "v1")
+        assert await live.provider.get_value("fence/state") == b"v1"
+        assert await live.another().transfer_lease("fence", "alice", "bob", 5000)
+        # Even before alice's keeper hears of it, etcd refuses her write.
+        assert not await live.provider.put_fenced(
+            "fence", "alice", lease.token, "fence/state", b"stale"
+        )
+        assert not await lease.put("fence/state", "stale")
+        assert not await lease.delete("fence/state")
+    assert await live.provider.get_value("fence/state") == b"v1"
+    async with live.provider.adopt("fence", "bob", 5000) as bob:
+        assert await bob.put("fence/state", b"v2")
+        assert await bob.delete("fence/state")
+    assert await live.provider.get_value("fence/state") is None
+
+
+async def test_closing_the_provider_stops_waiters_and_loses_holds(live: Live) -> None:
+    other = live.another()
+    await other.acquire_lease("c", "bob", 10_000)
+    provider = live.provider if live.endpoints is None else live.another()
+    waiter = asyncio.create_task(hold(provider, "c", "alice", 10_000, wait=True).__aenter__())
+    async with provider.hold("d", "alice", 10_000) as lease:
+        await asyncio.sleep(0.2)
+        await provider.close()
+        with pytest.raises(ProviderClosed):
+            await asyncio.wait_for(waiter, 2)
+        await wait_for(lease.lost, 1)
+
+
+async def test_hold_needs_a_holding_provider() -> None:
+    with pytest.raises(LeaseTypeError, match="watch_owner"):
+        async with hold(NoopLeaseProvider(), "k", "a", 1000):
+            pass

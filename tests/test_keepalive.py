@@ -1,0 +1,232 @@
+"""KeepAliveLoop against a real etcd: renewals, losses on time, failover, scale."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from etcd_leases.errors import ProviderClosed
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.keepalive import (
+    DEADLINE_PASSED,
+    LEASE_NOT_FOUND,
+    PROVIDER_CLOSED,
+    KeepAliveLoop,
+    KeptLease,
+)
+from etcd_leases.testing import EtcdCluster
+
+
+@pytest.fixture
+async def client(etcd: EtcdCluster) -> AsyncIterator[EtcdClient]:
+    client = EtcdClient(etcd.endpoints, timeout=5)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def keeper(client: EtcdClient) -> AsyncIterator[KeepAliveLoop]:
+    loop = KeepAliveLoop(client)
+    yield loop
+    await loop.close()
+
+
+async def keep_new(client: EtcdClient, keeper: KeepAliveLoop, ttl_s: int) -> KeptLease:
+    """Grant a lease and keep it, vouched for from the grant's send time."""
+    sent = time.monotonic()
+    lease_id, granted = await client.grant(ttl_s)
+    return keeper.keep(lease_id, granted, sent + granted)
+
+
+async def alive_on_server(client: EtcdClient, lease_id: int) -> bool:
+    # etcd truncates the remaining TTL to whole seconds: 0 is "under a second
+    # left", -1 is "no such lease".
+    return (await client.time_to_live(lease_id)).TTL >= 0
+
+
+async def test_a_kept_lease_outlives_its_ttl(client: EtcdClient, keeper: KeepAliveLoop) -> None:
+    kept = await keep_new(client, keeper, 1)
+    assert kept.ttl_s == 1
+    started = time.monotonic()
+    while time.monotonic() - started < 4:
+        assert 0 < kept.remaining() <= 1
+        await asyncio.sleep(0.05)
+    assert not kept.lost.is_set()
+    assert kept.lost_reason is None
+    lease = await client.time_to_live(kept.lease_id)
+    assert lease.TTL >= 0 and lease.grantedTTL == 1
+    # A third of the TTL apart: about 12 renewals in 4 s.
+    assert 6 <= keeper.requests_sent <= 24
+    assert keeper.answers_received >= keeper.requests_sent - 2
+    await client.revoke(kept.lease_id)
+
+
+async def test_a_revoked_lease_is_lost_as_not_found(
+    client: EtcdClient, keeper: KeepAliveLoop
+) -> None:
+    kept = await keep_new(client, keeper, 2)
+    await asyncio.sleep(0.8)  # renewed at least once
+    assert not kept.lost.is_set()
+    await client.revoke(kept.lease_id)
+    revoked = time.monotonic()
+    await asyncio.wait_for(kept.lost.wait(), 2 / 3 + 0.5)
+    assert time.monotonic() - revoked < 2 / 3 + 0.5
+    assert kept.lost_reason == LEASE_NOT_FOUND
+    assert kept.remaining() == 0
+    assert keeper.kept_count == 0
+
+
+async def test_release_stops_renewing(client: EtcdClient, keeper: KeepAliveLoop) -> None:
+    kept = await keep_new(client, keeper, 1)
+    await asyncio.sleep(1.2)
+    assert await alive_on_server(client, kept.lease_id)
+    keeper.release(kept)
+    assert keeper.kept_count == 0
+    sent = keeper.requests_sent
+    deadline = time.monotonic() + 4
+    while await alive_on_server(client, kept.lease_id):  # etcd lets it expire
+        assert time.monotonic() < deadline, "a released lease was still renewed"
+        await asyncio.sleep(0.1)
+    assert keeper.requests_sent == sent
+    assert not kept.lost.is_set()  # released, not lost
+
+
+async def test_mark_lost_and_loss_callbacks(client: EtcdClient, keeper: KeepAliveLoop) -> None:
+    kept = await keep_new(client, keeper, 2)
+    calls: list[str | None] = []
+    kept.add_loss_callback(lambda lease: calls.append(lease.lost_reason))
+    keeper.mark_lost(kept, "the key changed")
+    keeper.mark_lost(kept, "again")  # set once, finally
+    assert kept.lost.is_set() and kept.lost_reason == "the key changed"
+    assert calls == ["the key changed"] and keeper.kept_count == 0
+    kept.add_loss_callback(lambda lease: calls.append("late"))  # runs at once
+    assert calls == ["the key changed", "late"]
+    # A lease the caller can no longer vouch for comes back lost.
+    stale = keeper.keep(kept.lease_id, 2, time.monotonic() - 0.01)
+    assert stale.lost_reason == DEADLINE_PASSED and keeper.kept_count == 0
+    await client.revoke(kept.lease_id)
+
+
+async def test_close_marks_every_kept_lease_lost(client: EtcdClient) -> None:
+    keeper = KeepAliveLoop(client)
+    leases = [await keep_new(client, keeper, 2) for _ in range(3)]
+    await asyncio.sleep(0.1)
+    await keeper.close()
+    assert all(kept.lost_reason == PROVIDER_CLOSED for kept in leases)
+    assert keeper.kept_count == 0
+    await keeper.close()  # idempotent
+    with pytest.raises(ProviderClosed):
+        keeper.keep(leases[0].lease_id, 2, time.monotonic() + 2)
+    for kept in leases:
+        await client.revoke(kept.lease_id)
+
+
+async def test_a_frozen_member_loses_every_lease_on_time(
+    etcd: EtcdCluster, client: EtcdClient, keeper: KeepAliveLoop
+) -> None:
+    leases = [await keep_new(client, keeper, ttl) for ttl in (1, 1, 1, 2, 2)]
+    await asyncio.sleep(0.5)
+    assert not any(kept.lost.is_set() for kept in leases)
+    lost_at: dict[int, tuple[float, float]] = {}
+
+    def record(kept: KeptLease) -> None:
+        lost_at[kept.lease_id] = (time.monotonic(), kept.valid_until)
+
+    for kept in leases:
+        kept.add_loss_callback(record)
+    member = etcd.members[0]
+    # In a thread: the event loop (and its timers) must keep running meanwhile.
+    await asyncio.to_thread(member.pause)
+    try:
+        await asyncio.wait_for(asyncio.gather(*(kept.lost.wait() for kept in leases)), 3)
+    finally:
+        await asyncio.to_thread(member.resume)
+    assert all(kept.lost_reason == DEADLINE_PASSED for kept in leases)
+    for seen, valid_until in lost_at.values():
+        assert valid_until <= seen <= valid_until + 0.1
+    await asyncio.to_thread(member.wait_ready)
+    # The loop gets back to work once the member answers again.
+    kept = await keep_new(client, keeper, 1)
+    first = kept.valid_until
+    await asyncio.sleep(1.5)
+    assert not kept.lost.is_set() and kept.valid_until > first + 1
+    await client.revoke(kept.lease_id)
+
+
+async def test_the_stream_moves_off_a_killed_member(etcd_cluster: EtcdCluster) -> None:
+    client = EtcdClient(etcd_cluster.endpoints, timeout=5)
+    keeper = KeepAliveLoop(client)
+    try:
+        leases = [await keep_new(client, keeper, 3) for _ in range(20)]
+        deadline = time.monotonic() + 3
+        while keeper.answers_received < len(leases):
+            assert time.monotonic() < deadline, "the leases were never renewed"
+            await asyncio.sleep(0.05)
+        serving = str(keeper.last_member_id)
+        member = next(
+            m for m in etcd_cluster.members if str(m.status()["header"]["member_id"]) == serving  # type: ignore[index]
+        )
+        await asyncio.to_thread(member.kill)
+        await asyncio.sleep(4.5)  # longer than the TTL
+        assert not [kept.lost_reason for kept in leases if kept.lost.is_set()]
+        assert str(keeper.last_member_id) != serving
+        alive = await asyncio.gather(*(alive_on_server(client, k.lease_id) for k in leases))
+        assert all(alive)
+    finally:
+        await keeper.close()
+        await client.close()
+
+
+async def test_five_thousand_leases_on_one_stream(
+    client: EtcdClient, keeper: KeepAliveLoop
+) -> None:
+    count, ttl_s, duration = 5000, 3, 8.0
+    limit = asyncio.Semaphore(200)
+
+    async def one() -> KeptLease:
+        async with limit:
+            return await keep_new(client, keeper, ttl_s)
+
+    granting = time.monotonic()
+    leases = await asyncio.gather(*(one() for _ in range(count)))
+    granted_in = time.monotonic() - granting
+
+    lags: list[float] = []
+
+    async def probe() -> None:
+        """How late a 10 ms sleep wakes up: is the event loop hogged?"""
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(0.01)
+            lags.append(time.monotonic() - before - 0.01)
+
+    prober = asyncio.create_task(probe())
+    sent, cpu, started = keeper.requests_sent, time.process_time(), time.monotonic()
+    await asyncio.sleep(duration)
+    elapsed = time.monotonic() - started
+    rate = (keeper.requests_sent - sent) / elapsed
+    cpu_share = (time.process_time() - cpu) / elapsed
+    prober.cancel()
+    await asyncio.wait([prober])
+
+    lost = [kept.lost_reason for kept in leases if kept.lost.is_set()]
+    assert not lost, f"{len(lost)} leases lost: {set(lost)}"
+    assert keeper.kept_count == count
+    # Alive on the server: still listed, and vouched for by an answered renewal
+    # (the server's deadline is never earlier than valid_until).
+    assert all(kept.remaining() > 0 for kept in leases)
+    assert {kept.lease_id for kept in leases} <= set(await client.leases())
+    assert all(await asyncio.gather(*(alive_on_server(client, k.lease_id) for k in leases[:100])))
+    lags.sort()
+    print(
+        f"\n{count} leases of {ttl_s} s: granted in {granted_in:.1f} s; "
+        f"{rate:.0f} keep-alives/s sent (expected ~{count / (ttl_s / 3):.0f}); "
+        f"process CPU {cpu_share:.0%} of one core; "
+        f"event-loop lag p50 {lags[len(lags) // 2] * 1000:.1f} ms, "
+        f"max {lags[-1] * 1000:.1f} ms"
+    )
+    # Every lease renewed about every second (generous bound).
+    assert rate > 0.5 * count / (ttl_s / 3)

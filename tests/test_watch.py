@@ -1,0 +1,354 @@
+"""WatchStream: one etcd Watch stream for many watchers, resumed without loss or repeat."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from etcd_leases import ProviderClosed
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.txn import Txn, delete, put
+from etcd_leases.etcd.watch import Watcher, WatchStream
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+from etcd_leases.testing import EtcdCluster, EtcdMember
+
+PUT, DELETE = pb.Event.PUT, pb.Event.DELETE
+
+
+def new_key() -> bytes:
+    return f"/test/watch/{uuid.uuid4().hex}".encode()
+
+
+async def write(client: EtcdClient, key: bytes, value: bytes | None) -> int:
+    """Put ``value`` (``None``: delete the key); the revision of the write."""
+    op = delete(key) if value is None else put(key, value)
+    response = await client.txn(Txn.when().then(op).request)
+    return response.header.revision
+
+
+async def current_revision(client: EtcdClient) -> int:
+    return (await client.range_at(b"/test/watch/revision-probe"))[1]
+
+
+async def next_batch(watcher: Watcher, within: float = 5.0) -> list[pb.Event]:
+    async with asyncio.timeout(within):
+        return await anext(watcher)
+
+
+async def eventually(condition: Callable[[], bool], within: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not met in time")
+
+
+async def registered(*watchers: Watcher, within: float = 10.0) -> None:
+    await eventually(lambda: all(watcher.registered for watcher in watchers), within)
+
+
+def summary(events: list[pb.Event]) -> list[tuple[int, bytes | None, int]]:
+    """(type, value or None for a delete, revision) of each event."""
+    return [(e.type, None if e.type == DELETE else e.kv.value, e.kv.mod_revision) for e in events]
+
+
+def metric(member: EtcdMember, name: str) -> int:
+    with urllib.request.urlopen(member.client_url + "/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return int(float(line.split()[1]))
+    raise AssertionError(f"etcd exports no {name}")
+
+
+@pytest.fixture
+async def client(etcd: EtcdCluster) -> AsyncIterator[EtcdClient]:
+    client = EtcdClient(etcd.endpoints, timeout=5)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def stream(client: EtcdClient) -> AsyncIterator[WatchStream]:
+    stream = WatchStream(client)
+    yield stream
+    await stream.close()
+
+
+async def test_puts_and_a_delete_arrive_in_order_within_milliseconds(
+    client: EtcdClient, stream: WatchStream
+) -> None:
+    key = new_key()
+    start = await current_revision(client) + 1
+    watcher = stream.watch(key, start)
+    # Written before etcd registered the watch: still delivered, the watch starts at `start`.
+    first = await write(client, key, b"a")
+    assert first >= start
+    assert summary(await next_batch(watcher)) == [(PUT, b"a", first)]
+    await registered(watcher)
+
+    latencies = []
+    for value in (b"b", b"c", None):
+        started = time.perf_counter()
+        revision = await write(client, key, value)
+        batch = await next_batch(watcher)
+        latencies.append(time.perf_counter() - started)
+        assert summary(batch) == [(DELETE if value is None else PUT, value, revision)]
+        assert watcher.next_revision == revision + 1
+    print(f"write -> event: {', '.join(f'{s * 1000:.1f} ms' for s in latencies)}")
+    assert max(latencies) < 0.1
+
+
+async def test_an_older_start_revision_replays_history(
+    client: EtcdClient, stream: WatchStream
+) -> None:
+    key = new_key()
+    history: list[tuple[int, bytes | None, int]] = [
+        (PUT, v, await write(client, key, v)) for v in (b"1", b"2", b"3")
+    ]
+    history.append((DELETE, None, await write(client, key, None)))
+    history.append((PUT, b"4", await write(client, key, b"4")))
+
+    async def collect(watcher: Watcher, count: int) -> list[pb.Event]:
+        events: list[pb.Event] = []
+        while len(events) < count:
+            events.extend(await next_batch(watcher))
+        return events
+
+    everything = stream.watch(key, history[0][2])
+    tail = stream.watch(key, history[2][2])
+    assert summary(await collect(everything, 5)) == history
+    assert summary(await collect(tail, 3)) == history[2:]
+    # Nothing more, and nothing twice.
+    await write(client, key, b"5")
+    assert [e.kv.value for e in await next_batch(everything)] == [b"5"]
+    assert [e.kv.value for e in await next_batch(tail)] == [b"5"]
+
+
+async def test_start_revision_zero_watches_from_registration(
+    client: EtcdClient, stream: WatchStream
+) -> None:
+    key = new_key()
+    await write(client, key, b"before")
+    watcher = stream.watch(key, 0)
+    await registered(watcher)
+    revision = await write(client, key, b"after")
+    assert summary(await next_batch(watcher)) == [(PUT, b"after", revision)]
+
+
+async def test_a_thousand_watchers_share_one_stream(
+    etcd: EtcdCluster, client: EtcdClient, stream: WatchStream
+) -> None:
+    member = etcd.members[0]
+    streams_before = await asyncio.to_thread(
+        metric, member, "etcd_debugging_mvcc_watch_stream_total"
+    )
+    keys = [new_key() for _ in range(1000)]
+    start = await current_revision(client) + 1
+    seen: dict[bytes, list[tuple[float, list[pb.Event]]]] = {key: [] for key in keys}
+    all_seen = asyncio.Event()
+
+    def recorder(key: bytes) -> Callable[[list[pb.Event]], None]:
+        def record(batch: list[pb.Event]) -> None:
+            seen[key].append((time.perf_counter(), batch))
+            if all(seen.values()):
+                all_seen.set()
+
+        return record
+
+    began = time.perf_counter()
+    watchers = [stream.watch(key, start, on_events=recorder(key)) for key in keys]
+    await registered(*watchers, within=30)
+    registration = time.perf_counter() - began
+    streams = await asyncio.to_thread(metric, member, "etcd_debugging_mvcc_watch_stream_total")
+    assert streams - streams_before == 1
+
+    # The writes come from another thread with its own loop and client, as from
+    # another process: the watching loop does nothing but dispatch events.
+    written: dict[bytes, tuple[float, int]] = {}
+
+    async def write_all(concurrency: int) -> None:
+        writer = EtcdClient(etcd.endpoints, timeout=5)
+        gate = asyncio.Semaphore(concurrency)
+
+        async def write_one(key: bytes) -> None:
+            async with gate:
+                started = time.perf_counter()
+                written[key] = (started, await write(writer, key, key))
+
+        try:
+            await asyncio.gather(*(write_one(key) for key in keys))
+        finally:
+            await writer.close()
+
+    await asyncio.to_thread(asyncio.run, write_all(8))
+    async with asyncio.timeout(10):
+        await all_seen.wait()
+    await asyncio.sleep(0.2)  # anything extra would show up now
+
+    latencies = []
+    for key in keys:
+        [(arrived, batch)] = seen[key]
+        assert summary(batch) == [(PUT, key, written[key][1])]
+        latencies.append(arrived - written[key][0])
+    latencies.sort()
+    print(
+        f"1000 watchers: registered in {registration * 1000:.0f} ms; write -> callback "
+        f"p50 {statistics.median(latencies) * 1000:.1f} ms, "
+        f"p99 {latencies[989] * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms"
+    )
+    assert latencies[-1] < 2.0
+
+
+async def test_cancel_stops_delivery(etcd: EtcdCluster, client: EtcdClient) -> None:
+    stream = WatchStream(client, idle_timeout=0.1)
+    try:
+        key = new_key()
+        start = await current_revision(client) + 1
+        calls: list[list[pb.Event]] = []
+        kept = stream.watch(key, start)
+        dropped = stream.watch(key, start, on_events=calls.append)
+        unborn = stream.watch(key, start)
+        unborn.cancel()  # before etcd even registered it
+        await registered(kept, dropped)
+        dropped.cancel()
+        dropped.cancel()  # idempotent
+        revision = await write(client, key, b"x")
+        assert summary(await next_batch(kept)) == [(PUT, b"x", revision)]
+        await asyncio.sleep(0.1)
+        assert calls == []
+        with pytest.raises(StopAsyncIteration):
+            await next_batch(unborn)
+
+        # A watcher cancelled while its iterator waits: the iteration ends.
+        waiting = asyncio.create_task(next_batch(kept))
+        await asyncio.sleep(0.05)
+        kept.cancel()
+        with pytest.raises(StopAsyncIteration):
+            await waiting
+
+        # No watcher left: the stream and its task go away, and come back on demand.
+        await eventually(lambda: not stream.running, within=5)
+        again = stream.watch(key, revision)
+        assert summary(await next_batch(again)) == [(PUT, b"x", revision)]
+    finally:
+        await stream.close()
+
+
+async def test_writes_during_an_outage_arrive_once_after_the_stream_moves(
+    etcd_cluster: EtcdCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    endpoints = etcd_cluster.endpoints
+    watching = EtcdClient(endpoints, timeout=5)  # its stream starts on members[0]
+    writer = EtcdClient(endpoints[1:], timeout=5)
+    stream = WatchStream(watching)
+    try:
+        key = new_key()
+        first = await write(writer, key, b"v0")
+        watcher = stream.watch(key, first)
+        assert summary(await next_batch(watcher)) == [(PUT, b"v0", first)]
+
+        # Freeze the member the stream is on: the stream hangs, writes go on elsewhere.
+        etcd_cluster.members[0].pause()
+        await asyncio.to_thread(etcd_cluster.leader)
+        expected: list[tuple[int, bytes | None, int]] = []
+        for value in (b"v1", b"v2", b"v3", None, b"v4"):
+            expected.append(
+                (DELETE if value is None else PUT, value, await write(writer, key, value))
+            )
+        etcd_cluster.members[0].kill()
+        # And some while the stream reconnects.
+        for value in (b"v5", b"v6"):
+            expected.append((PUT, value, await write(writer, key, value)))
+
+        events: list[pb.Event] = []
+        async with asyncio.timeout(10):
+            while len(events) < len(expected):
+                events.extend(await anext(watcher))
+        assert summary(events) == expected
+        # Exactly once: nothing more arrives, and new writes still do.
+        with pytest.raises(TimeoutError):
+            await next_batch(watcher, within=0.3)
+        revision = await write(writer, key, b"v7")
+        assert summary(await next_batch(watcher)) == [(PUT, b"v7", revision)]
+        assert any("watch stream broke" in r.getMessage() for r in caplog.records)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    finally:
+        await stream.close()
+        await watching.close()
+        await writer.close()
+
+
+async def test_compacted_start_revision_yields_the_reread_signal(etcd_binary: str) -> None:
+    # Compaction is cluster-wide: use a member of our own.
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        async with asyncio.timeout(20):
+            client = EtcdClient(etcd.endpoints, timeout=5)
+            stream = WatchStream(client)
+            try:
+                key = new_key()
+                revisions = [await write(client, key, v) for v in (b"1", b"2", b"3")]
+                await asyncio.to_thread(etcd.etcdctl, "compact", str(revisions[2]))
+                watcher = stream.watch(key, revisions[0])
+                assert await next_batch(watcher) == []  # history lost: re-read the key
+                assert watcher.next_revision == revisions[2]
+                # It resumes at the compaction revision: what etcd kept comes once.
+                events = await next_batch(watcher)
+                assert summary(events) == [(PUT, b"3", revisions[2])]
+                revision = await write(client, key, b"4")
+                assert summary(await next_batch(watcher)) == [(PUT, b"4", revision)]
+            finally:
+                await stream.close()
+                await client.close()
+
+
+async def test_close_ends_every_watcher_with_provider_closed(
+    client: EtcdClient,
+) -> None:
+    stream = WatchStream(client)
+    key = new_key()
+    start = await current_revision(client) + 1
+    errors: list[Exception] = []
+    iterated = stream.watch(key, start)
+    called = stream.watch(key, start, on_events=lambda batch: None, on_error=errors.append)
+    await registered(iterated, called)
+    revision = await write(client, key, b"x")
+
+    async def drain() -> list[pb.Event]:
+        events: list[pb.Event] = []
+        async for batch in iterated:
+            events.extend(batch)
+        return events
+
+    draining = asyncio.create_task(drain())
+    await asyncio.sleep(0.1)
+    await stream.close()
+    await stream.close()  # idempotent
+    with pytest.raises(ProviderClosed):
+        await draining
+    with pytest.raises(ProviderClosed):  # and again, for a late reader
+        await anext(iterated)
+    assert [type(error) for error in errors] == [ProviderClosed]
+    assert called.ended and not stream.running
+    with pytest.raises(ProviderClosed):
+        stream.watch(key, revision)
+
+
+async def test_closing_the_client_ends_watchers_with_provider_closed(etcd: EtcdCluster) -> None:
+    client = EtcdClient(etcd.endpoints, timeout=5)
+    stream = WatchStream(client)
+    watcher = stream.watch(new_key(), await current_revision(client) + 1)
+    await registered(watcher)
+    await client.close()
+    with pytest.raises(ProviderClosed):
+        await next_batch(watcher)
+    await stream.close()
