@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard, runtime_checkable
 
@@ -118,7 +118,7 @@ class HoldingProvider(LeaseProvider, Protocol):
       ``get_value`` reads such data back.
     """
 
-    def watch_owner(self, key: str) -> AsyncIterator[OwnerState]: ...
+    def watch_owner(self, key: str) -> AsyncGenerator[OwnerState, None]: ...
 
     async def keep_lease(
         self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float

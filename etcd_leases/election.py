@@ -107,8 +107,7 @@ class Election:
         except asyncio.CancelledError:
             if lost_it and task.uncancel() == 0:
                 raise LeaseLost(
-                    f"{self.candidate!r} lost the leadership of {self.name!r}: "
-                    f"{lease.lost_reason}"
+                    f"{self.candidate!r} lost the leadership of {self.name!r}: {lease.lost_reason}"
                 ) from None
             raise
         finally:
@@ -193,4 +192,3 @@ class Election:
             return
         async for leader in self.observe():
             await _call(on_new_leader, leader)
-

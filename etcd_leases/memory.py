@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from etcd_leases.contract import (
@@ -146,15 +146,15 @@ class MemoryBackend:
 
     # The recipes' capabilities.
 
-    async def watch_owner(self, key: str) -> AsyncIterator[OwnerState]:
+    async def watch_owner(self, key: str) -> AsyncGenerator[OwnerState, None]:
         check_key(key)
         self._check_open()
         queue: asyncio.Queue[OwnerState | None] = asyncio.Queue()
         self._watchers.setdefault(key, set()).add(queue)
         try:
             tenure = self._holder(key)
-            yield OwnerState(None, None) if tenure is None else OwnerState(
-                tenure.owner, tenure.token
+            yield (
+                OwnerState(None, None) if tenure is None else OwnerState(tenure.owner, tenure.token)
             )
             while (state := await queue.get()) is not None:
                 yield state

@@ -49,7 +49,15 @@ class SyncHeldLease:
         self._lease = lease
         #: Set the moment the tenure is over (mirrors the async event).
         self.lost = threading.Event()
-        self._mirror = portal.start_task_soon(self._mirror_loss)
+        self._stop_mirroring: Callable[[], object]
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:  # a caller's thread
+            self._stop_mirroring = portal.start_task_soon(self._mirror_loss).cancel
+        else:  # the provider's own loop (Election.run's worker)
+            self._stop_mirroring = loop.create_task(self._mirror_loss()).cancel
 
     async def _mirror_loss(self) -> None:
         await self._lease.lost.wait()
@@ -76,9 +84,6 @@ class SyncHeldLease:
     def delete(self, data_key: str) -> bool:
         return self._portal.call(self._lease.delete, data_key)
 
-    def _stop_mirroring(self) -> None:
-        self._mirror.cancel()
-
     def __repr__(self) -> str:
         return f"<Sync{self._lease!r}>"
 
@@ -87,10 +92,8 @@ class SyncLeaseProvider:
     """Blocking calls to an async :class:`HoldingProvider` built on a private event loop."""
 
     def __init__(self, make: Callable[[], HoldingProvider]) -> None:
-        self._exit = ExitStack()
-        self._portal: BlockingPortal = self._exit.enter_context(
-            start_blocking_portal("asyncio")
-        )
+        self._exit: ExitStack | None = ExitStack()
+        self._portal: BlockingPortal = self._exit.enter_context(start_blocking_portal("asyncio"))
 
         async def build() -> HoldingProvider:
             return make()  # inside the loop: gRPC channels belong to it
@@ -103,7 +106,8 @@ class SyncLeaseProvider:
 
     def run(self, coroutine: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """Run an async function of the provider's loop and wait for its result."""
-        return self._portal.call(coroutine)
+        result: T = self._portal.call(coroutine)
+        return result
 
     def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
         return self._portal.call(self.aio.acquire_lease, key, owner, ttl_ms)
@@ -281,6 +285,7 @@ class Election:
         ``lease.lost`` is set and it should return. The next term starts only after it
         has returned, so two terms never overlap in this process.
         """
+
         async def lead(lease: HeldLease) -> None:
             held = SyncHeldLease(self._portal, lease)
             work = asyncio.get_running_loop().run_in_executor(None, on_started_leading, held)

@@ -126,3 +126,40 @@ async def backend(
         for extra in backend.extra:
             await extra.close()
         await provider.close()
+
+
+Provider = EtcdLeaseProvider | InMemoryLeaseProvider
+
+
+class Live:
+    """A provider on the real clock, and a way to make more clients of the same backend."""
+
+    def __init__(self, provider: Provider, endpoints: list[str] | None, prefix: str) -> None:
+        self.provider = provider
+        self.endpoints = endpoints
+        self.prefix = prefix
+        self.others: list[Provider] = []
+
+    def another(self) -> Provider:
+        if self.endpoints is None:
+            return self.provider
+        other = EtcdLeaseProvider(self.endpoints, prefix=self.prefix)
+        self.others.append(other)
+        return other
+
+
+@pytest.fixture(params=["memory", *ETCD_BINARIES])
+async def live(request: pytest.FixtureRequest, etcd_members: EtcdMembers) -> AsyncIterator[Live]:
+    name = str(request.param)
+    prefix = unique_prefix()
+    if name == "memory":
+        live = Live(InMemoryLeaseProvider(), None, prefix)
+    else:
+        endpoints = etcd_members.get(ETCD_BINARIES[name]).endpoints
+        live = Live(EtcdLeaseProvider(endpoints, prefix=prefix), endpoints, prefix)
+    try:
+        yield live
+    finally:
+        for other in live.others:
+            await other.close()
+        await live.provider.close()

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from etcd_leases import Election, HeldLease, LeaseHeld, LeaseLost, ProviderClosed
-from tests.test_hold import Live, live  # noqa: F401  (the fixture)
+from tests.conftest import Live
 
 
 async def next_leaders(updates: asyncio.Queue[str | None], count: int) -> list[str | None]:
@@ -46,7 +46,7 @@ async def test_observe_reports_every_leader_and_the_empty_seat(live: Live) -> No
     assert await next_leaders(updates, 1) == [None]
     lease = await alice.campaign()
     await lease.transfer("bob")  # straight to bob: no empty seat in between
-    async with bob.provider.adopt("obs", "bob", 5000):
+    async with live.another().adopt("obs", "bob", 5000):
         assert await next_leaders(updates, 2) == ["alice", "bob"]
     assert await next_leaders(updates, 1) == [None]
     await bob.campaign()

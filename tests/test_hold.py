@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
 from etcd_leases import (
-    EtcdLeaseProvider,
-    InMemoryLeaseProvider,
     LeaseHeld,
     LeaseLost,
     LeaseTypeError,
@@ -18,43 +15,7 @@ from etcd_leases import (
     ProviderClosed,
     hold,
 )
-from tests.conftest import ETCD_BINARIES, EtcdMembers, unique_prefix
-
-Provider = EtcdLeaseProvider | InMemoryLeaseProvider
-
-
-class Live:
-    """A provider on the real clock, and a way to make more clients of the same backend."""
-
-    def __init__(self, provider: Provider, endpoints: list[str] | None, prefix: str) -> None:
-        self.provider = provider
-        self.endpoints = endpoints
-        self.prefix = prefix
-        self.others: list[Provider] = []
-
-    def another(self) -> Provider:
-        if self.endpoints is None:
-            return self.provider
-        other = EtcdLeaseProvider(self.endpoints, prefix=self.prefix)
-        self.others.append(other)
-        return other
-
-
-@pytest.fixture(params=["memory", *ETCD_BINARIES])
-async def live(request: pytest.FixtureRequest, etcd_members: EtcdMembers) -> AsyncIterator[Live]:
-    name = str(request.param)
-    prefix = unique_prefix()
-    if name == "memory":
-        live = Live(InMemoryLeaseProvider(), None, prefix)
-    else:
-        endpoints = etcd_members.get(ETCD_BINARIES[name]).endpoints
-        live = Live(EtcdLeaseProvider(endpoints, prefix=prefix), endpoints, prefix)
-    try:
-        yield live
-    finally:
-        for other in live.others:
-            await other.close()
-        await live.provider.close()
+from tests.conftest import Live
 
 
 async def wait_for(event: asyncio.Event, seconds: float) -> float:

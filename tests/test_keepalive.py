@@ -17,7 +17,7 @@ from etcd_leases.etcd.keepalive import (
     KeepAliveLoop,
     KeptLease,
 )
-from etcd_leases.testing import EtcdCluster
+from etcd_leases.testing import EtcdCluster, EtcdMember
 
 
 @pytest.fixture
@@ -151,12 +151,35 @@ async def test_a_frozen_member_loses_every_lease_on_time(
     # The loop gets back to work once the member answers again.
     kept = await keep_new(client, keeper, 1)
     first = kept.valid_until
-    await asyncio.sleep(1.5)
-    assert not kept.lost.is_set() and kept.valid_until > first + 1
+    await asyncio.sleep(1.0)
+    assert not kept.lost.is_set() and kept.valid_until > first + 0.5
     await client.revoke(kept.lease_id)
 
 
-async def test_the_stream_moves_off_a_killed_member(etcd_cluster: EtcdCluster) -> None:
+def serving_member(cluster: EtcdCluster, keeper: KeepAliveLoop) -> EtcdMember:
+    """The member that answered the loop last: where its stream is."""
+    for member in cluster.members:
+        if member.running and not member.paused:
+            status = member.status() or {}
+            header = status.get("header")
+            if isinstance(header, dict) and header.get("member_id") == str(keeper.last_member_id):
+                return member
+    raise AssertionError(f"no running member has id {keeper.last_member_id}")
+
+
+async def renewed_elsewhere(keeper: KeepAliveLoop, leases: list[KeptLease], left: str) -> None:
+    """Wait until another member answers and every lease was renewed since now."""
+    since = time.monotonic()
+    deadline = since + 3
+    while str(keeper.last_member_id) == left or any(
+        kept.valid_until <= since + kept.ttl_s for kept in leases
+    ):
+        assert not [kept.lost_reason for kept in leases if kept.lost.is_set()]
+        assert time.monotonic() < deadline, "the stream did not move to another member"
+        await asyncio.sleep(0.05)
+
+
+async def test_the_stream_moves_off_a_frozen_or_killed_member(etcd_cluster: EtcdCluster) -> None:
     client = EtcdClient(etcd_cluster.endpoints, timeout=5)
     keeper = KeepAliveLoop(client)
     try:
@@ -165,14 +188,18 @@ async def test_the_stream_moves_off_a_killed_member(etcd_cluster: EtcdCluster) -
         while keeper.answers_received < len(leases):
             assert time.monotonic() < deadline, "the leases were never renewed"
             await asyncio.sleep(0.05)
-        serving = str(keeper.last_member_id)
-        member = next(
-            m for m in etcd_cluster.members if str(m.status()["header"]["member_id"]) == serving  # type: ignore[index]
-        )
-        await asyncio.to_thread(member.kill)
-        await asyncio.sleep(4.5)  # longer than the TTL
-        assert not [kept.lost_reason for kept in leases if kept.lost.is_set()]
-        assert str(keeper.last_member_id) != serving
+        # Frozen (SIGSTOP): the connection stays up, only the answers stop.
+        frozen = serving_member(etcd_cluster, keeper)
+        await asyncio.to_thread(frozen.pause)
+        try:
+            await renewed_elsewhere(keeper, leases, str(keeper.last_member_id))
+        finally:
+            await asyncio.to_thread(frozen.resume)
+        # Killed: the stream breaks.
+        killed = serving_member(etcd_cluster, keeper)
+        await asyncio.to_thread(killed.kill)
+        await renewed_elsewhere(keeper, leases, str(keeper.last_member_id))
+        assert not any(kept.lost.is_set() for kept in leases)
         alive = await asyncio.gather(*(alive_on_server(client, k.lease_id) for k in leases))
         assert all(alive)
     finally:

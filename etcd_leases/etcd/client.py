@@ -191,6 +191,13 @@ class EtcdClient:
             self._channels[endpoint] = channel
         return channel
 
+    def invalidate_token(self) -> None:
+        """Forget the auth token etcd refused; the next ``metadata()`` logs in again.
+
+        For streams, which cannot replay a call the way ``call`` does.
+        """
+        self._token = None
+
     def rotate(self) -> None:
         """Move on to the next endpoint after a member failed us."""
         self._current = (self._current + 1) % len(self._endpoints)
@@ -267,7 +274,7 @@ class EtcdClient:
                 # etcd's simple tokens expire: log in again and replay, once.
                 if self._username is None or _INVALID_TOKEN not in _details(exc):
                     raise
-                self._token = None
+                self.invalidate_token()
         raise PermissionDenied("etcd: the auth token was refused right after logging in")
 
     def _attempt_timeout(self, deadline: float) -> float:

@@ -29,6 +29,7 @@ have acted on the loss.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import logging
@@ -103,13 +104,6 @@ def _cancelling() -> bool:
     """
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
-
-
-def _forget_token(client: EtcdClient) -> None:
-    # EtcdClient has no public way yet to drop a token etcd refused (an
-    # ``invalidate_token()`` method was proposed for client.py); with no token,
-    # ``client.metadata()`` logs in again.
-    client._token = None
 
 
 class KeptLease:
@@ -275,8 +269,10 @@ class KeepAliveLoop:
         heapq.heappush(self._renewals, (first, next(self._order), kept))
         heapq.heappush(self._deadlines, (valid_until, next(self._order), kept))
         self._start()
-        if self._renewals[0][2] is kept:
-            self._wake.set()  # due before whatever the sender sleeps towards
+        if self._renewals[0][2] is kept or self._stream is None:
+            # Due before whatever the sender sleeps towards, or the sender is
+            # waiting to reopen the stream.
+            self._wake.set()
         self._arm_watchdog(valid_until)
         return kept
 
@@ -446,7 +442,13 @@ class KeepAliveLoop:
             # rotate() drops the token when it moves.
             self._client.rotate()
             if failures:
-                await asyncio.sleep(min(_BACKOFF_MAX_S, _BACKOFF_MIN_S * 2 ** (failures - 1)))
+                # A keep() cuts the wait short: its caller just had a grant
+                # answered, so some member is reachable again.
+                self._wake.clear()
+                delay = min(_BACKOFF_MAX_S, _BACKOFF_MIN_S * 2 ** (failures - 1))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
 
     async def _serve_stream(self) -> str:
         """Open a stream, renew over it until it breaks; why it ended."""
@@ -460,6 +462,12 @@ class KeepAliveLoop:
             raise
         except LeaseError as exc:
             return str(exc)
+        except asyncio.CancelledError:
+            # A login call cancelled by the channel closing, not us: _run then
+            # finds the client closed.
+            if _cancelling():
+                raise
+            return "the login call was cancelled"
         self._stream = stream
         self._stream_failure = None
         # Requests of the old stream will never be answered here.
@@ -597,5 +605,5 @@ class KeepAliveLoop:
 
     def _describe(self, exc: grpc.aio.AioRpcError) -> str:
         if _INVALID_TOKEN in (exc.details() or ""):
-            _forget_token(self._client)
+            self._client.invalidate_token()
         return str(to_lease_error(exc))

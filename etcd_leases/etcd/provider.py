@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -240,7 +240,7 @@ class EtcdBackend:
 
     # The recipes' capabilities (see HoldingProvider).
 
-    async def watch_owner(self, key: str) -> AsyncIterator[OwnerState]:
+    async def watch_owner(self, key: str) -> AsyncGenerator[OwnerState, None]:
         check_key(key)
         self._client.check_open()
         etcd_key = self.etcd_key(key)
@@ -384,9 +384,7 @@ class EtcdBackend:
         assert now is not None
         return Tenure(now.mod_revision, granted * 1000)
 
-    async def _conclude_move(
-        self, now: pb.KeyValue | None, lease_id: int, old_lease: int
-    ) -> bool:
+    async def _conclude_move(self, now: pb.KeyValue | None, lease_id: int, old_lease: int) -> bool:
         """Revoke whichever lease lost: the old tenure's if the move landed, else ours."""
         if now is None or now.lease != lease_id:
             await self._revoke_quietly(lease_id)

@@ -12,21 +12,22 @@ observers iterate over the changes of a key. Both go through :class:`WatchStream
   at a time and map the id of each ``created`` answer to the watcher that asked.
 - **Nothing lost, nothing twice.** Each watcher keeps its resume point,
   ``next_revision`` (the revision after the last event it was given). When the
-  stream breaks (a gRPC error, the server ending it, a member without a leader, a
-  member killed or frozen, noticed through gRPC keepalive) it is reopened on the next
-  endpoint with exponential backoff (50 ms .. 1 s) and every live watcher is created
-  again from its resume point. Events below the resume point are dropped, so a
-  batch is never delivered twice.
+  stream breaks (a gRPC error, the server ending it, a member that loses its leader,
+  is killed, or freezes, which gRPC keepalive notices; a create left unanswered) it
+  is reopened on the next endpoint with exponential backoff (50 ms .. 1 s) and every
+  live watcher is created again from its resume point. Events below the resume
+  point are dropped, so an event is never delivered twice.
 - **History lost is said, not hidden.** When etcd has compacted the revisions a
   watcher still needs, the watcher receives an **empty batch** (``[]``): "history was
   lost, re-read the key". It then resumes from etcd's compaction revision, the oldest
   one still kept, so later events still arrive, each once. After a re-read at some
   revision R, events with ``kv.mod_revision <= R`` may still follow: compare revisions.
 
-The task starts with the first watcher and stops once no watcher has been left
-for ``idle_timeout`` seconds; it never lets a gRPC error escape: a watcher only ever
-ends by :meth:`Watcher.cancel`, by :meth:`WatchStream.close` (``ProviderClosed``), or
-with a :class:`LeaseError` when etcd refuses to watch its key (``PermissionDenied``).
+The task starts with the first watcher and stops after ``idle_timeout`` seconds
+without any. No gRPC error escapes: a watcher only ever ends by
+:meth:`Watcher.cancel`, with ``ProviderClosed`` (:meth:`WatchStream.close`, or the
+client closed under it), or with another :class:`LeaseError` when etcd refuses to
+watch its key (``PermissionDenied``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from etcd_leases.errors import (
 from etcd_leases.etcd.client import EtcdClient, to_lease_error
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
-__all__ = ["EventsCallback", "WatchStream", "Watcher"]
+__all__ = ["ErrorCallback", "EventsCallback", "WatchStream", "Watcher"]
 
 _log = logging.getLogger(__name__)
 
@@ -166,9 +167,9 @@ class Watcher:
     def _progress(self, revision: int) -> None:
         """etcd says every event up to ``revision`` was sent.
 
-        Only moves the resume point to ``revision`` itself, not past it: etcd before
-        3.4.24 / 3.5.8 could announce progress ahead of events of that same revision.
-        Keeps a quiet watcher's resume point from falling behind compaction.
+        Keeps a quiet watcher's resume point from falling behind compaction. Moves it
+        to ``revision`` itself, not past it, and never back: etcd's progress reports
+        have had ordering bugs (etcd-io/etcd#15220, #20221), so trust them little.
         """
         self.next_revision = max(self.next_revision, revision)
 
@@ -258,13 +259,12 @@ class WatchStream:
             )
         if start_revision < 0:
             raise LeaseValueError(f"start_revision must be >= 0, got {start_revision}")
+        loop = asyncio.get_running_loop()  # before any bookkeeping: raises outside a loop
         watcher = Watcher(self, key, start_revision, on_events, on_error)
         self._pending[watcher] = None
         self._work.set()
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="etcd-leases watch stream"
-            )
+            self._task = loop.create_task(self._run(), name="etcd-leases watch stream")
             self._task.add_done_callback(_log_unexpected_end)
         return watcher
 
