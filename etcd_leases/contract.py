@@ -163,6 +163,20 @@ def check_owner(owner: object, name: str = "owner") -> None:
     _check_text(name, owner, MAX_OWNER_BYTES)
 
 
+def check_lease_call(key: object, owner: object, ttl_ms: object = 1) -> None:
+    """The checks of acquire, release and renew (release has no TTL to check)."""
+    check_key(key)
+    check_owner(owner)
+    check_ttl_ms(ttl_ms)
+
+
+def check_transfer_call(key: object, from_owner: object, to_owner: object, ttl_ms: object) -> None:
+    check_key(key)
+    check_owner(from_owner, "from_owner")
+    check_owner(to_owner, "to_owner")
+    check_ttl_ms(ttl_ms)
+
+
 def check_ttl_ms(ttl_ms: object) -> None:
     """Reject a TTL that is not an int (bools and floats included) in 1 ..= MAX_TTL_MS."""
     if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int):

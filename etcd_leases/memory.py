@@ -18,8 +18,8 @@ from etcd_leases.contract import (
     AcquireResult,
     OwnerState,
     check_key,
-    check_owner,
-    check_ttl_ms,
+    check_lease_call,
+    check_transfer_call,
 )
 from etcd_leases.errors import LeaseError, LeaseLost, ProviderClosed
 
@@ -94,9 +94,7 @@ class MemoryBackend:
     # The contract.
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
-        check_key(key)
-        check_owner(owner)
-        check_ttl_ms(ttl_ms)
+        check_lease_call(key, owner, ttl_ms)
         self._check_open()
         tenure = self._holder(key)
         if tenure is None:
@@ -114,17 +112,14 @@ class MemoryBackend:
         return None if tenure is None else tenure.owner
 
     async def release_lease(self, key: str, owner: str) -> None:
-        check_key(key)
-        check_owner(owner)
+        check_lease_call(key, owner)
         self._check_open()
         tenure = self._holder(key)
         if tenure is not None and tenure.owner == owner:
             self._set(key, None, "released")
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        check_key(key)
-        check_owner(owner)
-        check_ttl_ms(ttl_ms)
+        check_lease_call(key, owner, ttl_ms)
         self._check_open()
         tenure = self._holder(key)
         if tenure is None or tenure.owner != owner:
@@ -133,10 +128,7 @@ class MemoryBackend:
         return True
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        check_key(key)
-        check_owner(from_owner, "from_owner")
-        check_owner(to_owner, "to_owner")
-        check_ttl_ms(ttl_ms)
+        check_transfer_call(key, from_owner, to_owner, ttl_ms)
         self._check_open()
         tenure = self._holder(key)
         if tenure is None or tenure.owner != from_owner:
@@ -165,9 +157,7 @@ class MemoryBackend:
     async def keep_lease(
         self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
     ) -> _MemoryKeeper:
-        check_key(key)
-        check_owner(owner)
-        check_ttl_ms(ttl_ms)
+        check_lease_call(key, owner, ttl_ms)
         self._check_open()
         if not self._holds(key, owner, token):
             raise LeaseLost(f"{owner!r} no longer holds {key!r} with token {token}")

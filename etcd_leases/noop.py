@@ -6,8 +6,8 @@ from etcd_leases.contract import (
     AcquireResult,
     LeaseProvider,
     check_key,
-    check_owner,
-    check_ttl_ms,
+    check_lease_call,
+    check_transfer_call,
     is_lease_provider,
 )
 
@@ -16,9 +16,7 @@ class NoopLeaseProvider:
     """Everyone owns everything: the single-process behaviour, with no coordination."""
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
-        check_key(key)
-        check_owner(owner)
-        check_ttl_ms(ttl_ms)
+        check_lease_call(key, owner, ttl_ms)
         return AcquireResult(acquired=True, owner=owner, ttl_ms=ttl_ms)
 
     async def get_lease_owner(self, key: str) -> str | None:
@@ -26,20 +24,14 @@ class NoopLeaseProvider:
         return None
 
     async def release_lease(self, key: str, owner: str) -> None:
-        check_key(key)
-        check_owner(owner)
+        check_lease_call(key, owner)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        check_key(key)
-        check_owner(owner)
-        check_ttl_ms(ttl_ms)
+        check_lease_call(key, owner, ttl_ms)
         return True
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        check_key(key)
-        check_owner(from_owner, "from_owner")
-        check_owner(to_owner, "to_owner")
-        check_ttl_ms(ttl_ms)
+        check_transfer_call(key, from_owner, to_owner, ttl_ms)
         return True
 
 

@@ -17,7 +17,7 @@ from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.txn import Txn, delete, put
 from etcd_leases.etcd.watch import Watcher, WatchStream
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
-from etcd_leases.testing import EtcdCluster, EtcdMember
+from etcd_leases.testing import EtcdCluster, EtcdMember, etcd_version, free_ports
 
 PUT, DELETE = pb.Event.PUT, pb.Event.DELETE
 
@@ -201,7 +201,7 @@ async def test_a_thousand_watchers_share_one_stream(
         latencies.append(arrived - written[key][0])
     latencies.sort()
     print(
-        f"1000 watchers: registered in {registration * 1000:.0f} ms; write -> callback "
+        f"etcd {etcd_version(etcd.binary)}, 1000 watchers: registered in {registration * 1000:.0f} ms; write -> callback "
         f"p50 {statistics.median(latencies) * 1000:.1f} ms, "
         f"p99 {latencies[989] * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms"
     )
@@ -352,3 +352,44 @@ async def test_closing_the_client_ends_watchers_with_provider_closed(etcd: EtcdC
     with pytest.raises(ProviderClosed):
         await next_batch(watcher)
     await stream.close()
+
+
+async def test_no_member_reachable_keeps_watchers_waiting_until_close(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    [port] = free_ports(1)
+    client = EtcdClient(f"127.0.0.1:{port}", timeout=1)
+    stream = WatchStream(client)
+    try:
+        watcher = stream.watch(new_key(), 1)
+        # The stream retries with backoff; the watcher neither ends nor sees a gRPC error.
+        with pytest.raises(TimeoutError):
+            await next_batch(watcher, within=1.0)
+        assert not watcher.ended and stream.running
+        assert sum("watch stream broke" in r.getMessage() for r in caplog.records) >= 3
+    finally:
+        await stream.close()
+        await client.close()
+    with pytest.raises(ProviderClosed):
+        await next_batch(watcher)
+
+
+async def test_a_failing_callback_does_not_disturb_the_others(
+    client: EtcdClient, stream: WatchStream, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = new_key()
+    start = await current_revision(client) + 1
+
+    def broken(batch: list[pb.Event]) -> None:
+        raise RuntimeError("consumer bug")
+
+    failing = stream.watch(key, start, on_events=broken)
+    healthy = stream.watch(key, start)
+    for value in (b"1", b"2"):
+        revision = await write(client, key, value)
+        assert summary(await next_batch(healthy)) == [(PUT, value, revision)]
+    assert not failing.ended and failing.next_revision == revision + 1
+    assert (
+        sum("consumer bug" in r.getMessage() or r.exc_info is not None for r in caplog.records) == 2
+    )

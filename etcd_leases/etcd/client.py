@@ -34,6 +34,7 @@ from etcd_leases.errors import (
 )
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
+RequestT = TypeVar("RequestT", bound=Message)
 ResponseT = TypeVar("ResponseT", bound=Message)
 
 # etcd's error strings that decide what happens next (etcdserver/api/v3rpc/rpctypes).
@@ -426,27 +427,38 @@ class EtcdClient:
             raise BackendUnavailable("etcd closed the keep-alive stream")
         return max(0, response.TTL)
 
+    def _open_stream(
+        self,
+        path: str,
+        request_type: type[RequestT],
+        response_type: type[ResponseT],
+        metadata: tuple[tuple[str, str], ...],
+    ) -> grpc.aio.StreamStreamCall[RequestT, ResponseT]:
+        method = self.channel().stream_stream(
+            path,
+            request_serializer=request_type.SerializeToString,
+            response_deserializer=response_type.FromString,
+        )
+        return method(None, metadata=metadata)
+
     def keep_alive_stream(
         self, metadata: tuple[tuple[str, str], ...]
     ) -> grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse]:
         """A bidirectional ``LeaseKeepAlive`` stream to the endpoint in use."""
-        method = self.channel().stream_stream(
+        return self._open_stream(
             "/etcdserverpb.Lease/LeaseKeepAlive",
-            request_serializer=pb.LeaseKeepAliveRequest.SerializeToString,
-            response_deserializer=pb.LeaseKeepAliveResponse.FromString,
+            pb.LeaseKeepAliveRequest,
+            pb.LeaseKeepAliveResponse,
+            metadata,
         )
-        return method(None, metadata=metadata)
 
     def watch_stream(
         self, metadata: tuple[tuple[str, str], ...]
     ) -> grpc.aio.StreamStreamCall[pb.WatchRequest, pb.WatchResponse]:
         """A bidirectional ``Watch`` stream to the endpoint in use."""
-        method = self.channel().stream_stream(
-            "/etcdserverpb.Watch/Watch",
-            request_serializer=pb.WatchRequest.SerializeToString,
-            response_deserializer=pb.WatchResponse.FromString,
+        return self._open_stream(
+            "/etcdserverpb.Watch/Watch", pb.WatchRequest, pb.WatchResponse, metadata
         )
-        return method(None, metadata=metadata)
 
     async def close(self) -> None:
         """Close every channel; idempotent."""

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from etcd_leases.contract import AcquireResult, OwnerState, check_key, check_owner, check_ttl_ms
+from etcd_leases.contract import (
+    AcquireResult,
+    OwnerState,
+    check_key,
+    check_lease_call,
+    check_transfer_call,
+)
 from etcd_leases.errors import BackendUnavailable, LeaseError, LeaseLost, LeaseValueError
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
@@ -162,9 +168,7 @@ class EtcdBackend:
     # The contract.
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
-        check_key(key)
-        check_owner(owner)
-        check_ttl_ms(ttl_ms)
+        check_lease_call(key, owner, ttl_ms)
         self._client.check_open()
         etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
         kv = await self._client.range(etcd_key)
@@ -197,8 +201,7 @@ class EtcdBackend:
         return None if kv is None else owner_of(kv)
 
     async def release_lease(self, key: str, owner: str) -> None:
-        check_key(key)
-        check_owner(owner)
+        check_lease_call(key, owner)
         self._client.check_open()
         etcd_key = self.etcd_key(key)
         kv = await self._client.range(etcd_key)
@@ -216,9 +219,7 @@ class EtcdBackend:
             )
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        check_key(key)
-        check_owner(owner)
-        check_ttl_ms(ttl_ms)
+        check_lease_call(key, owner, ttl_ms)
         self._client.check_open()
         etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
         kv = await self._client.range(etcd_key)
@@ -227,10 +228,7 @@ class EtcdBackend:
         return await self._refresh(etcd_key, value, ttl_ms, kv) is not None
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        check_key(key)
-        check_owner(from_owner, "from_owner")
-        check_owner(to_owner, "to_owner")
-        check_ttl_ms(ttl_ms)
+        check_transfer_call(key, from_owner, to_owner, ttl_ms)
         self._client.check_open()
         etcd_key = self.etcd_key(key)
         kv = await self._client.range(etcd_key)
@@ -267,9 +265,7 @@ class EtcdBackend:
     async def keep_lease(
         self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
     ) -> EtcdKeeper:
-        check_key(key)
-        check_owner(owner)
-        check_ttl_ms(ttl_ms)
+        check_lease_call(key, owner, ttl_ms)
         self._client.check_open()
         etcd_key = self.etcd_key(key)
         kv, revision = await self._client.range_at(etcd_key)
@@ -301,8 +297,7 @@ class EtcdBackend:
         Its outcome is unknown if etcd does not answer: that surfaces as
         BackendUnavailable, never as a retry that could apply it twice.
         """
-        check_key(key)
-        check_owner(owner)
+        check_lease_call(key, owner)
         self._client.check_open()
         lease_key = self.etcd_key(key)
         txn = Txn.when(mod_revision_is(lease_key, token), value_is(lease_key, owner.encode()))
