@@ -343,17 +343,16 @@ class EtcdBackend:
         """Reset the TTL of the tenure ``kv`` shows; ``None`` if that tenure is over."""
         wanted = max(ttl_seconds(ttl_ms), self._min_ttl_s)
         if kv.lease:
-            lease = await self._client.time_to_live(kv.lease)
-            if lease.TTL < 0:  # -1: the lease is gone (0 only means under a second left)
+            # A keep-alive resets the lease to its granted TTL and answers with it.
+            granted = await self._client.keep_alive_once(kv.lease)
+            if granted <= 0:  # the lease is gone: so is the tenure
                 return None
-            if lease.grantedTTL == wanted:
-                # Same TTL: a keep-alive, so the tenure and its token stay.
-                if await self._client.keep_alive_once(kv.lease) <= 0:
-                    return None
+            if granted == wanted:
+                # Same TTL: the tenure and its token stay, if the key is still on it.
                 now = await self._client.range(etcd_key)
                 if now is None or now.lease != kv.lease or now.value != value:
                     return None
-                return Tenure(now.mod_revision, lease.grantedTTL * 1000)
+                return Tenure(now.mod_revision, granted * 1000)
         # A new TTL needs a new lease: move the tenure onto it (the token moves on).
         return await self._move(etcd_key, kv, value, ttl_ms)
 

@@ -65,7 +65,8 @@ _WatchCall: TypeAlias = grpc.aio.StreamStreamCall[pb.WatchRequest, pb.WatchRespo
 
 _MIN_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
-_PERMISSION_DENIED = "permission denied"
+_AUTH_REFUSALS = ("permission denied", "invalid auth token")
+_MAX_REFUSALS = 3
 
 
 class _StreamBroken(Exception):
@@ -218,6 +219,8 @@ class WatchStream:
         self._closed = False
         self._progressed = False  # the current stream registered a watch: reset backoff
         self._create_deadline = 0.0  # when the create in flight counts as unanswered
+        # Watchers whose create etcd refused for auth reasons, and how many times.
+        self._refused_watchers: dict[Watcher, int] = {}
 
     @property
     def closed(self) -> bool:
@@ -322,6 +325,10 @@ class WatchStream:
         try:
             while not self._closed:
                 self._progressed = False
+                if self._refused_watchers:
+                    await self._check_refused()
+                    if not self._live():
+                        return  # every watcher left was refused for good
                 try:
                     await self._session()
                 except asyncio.CancelledError as exc:
@@ -342,7 +349,7 @@ class WatchStream:
                     if self._progressed:
                         backoff = _MIN_BACKOFF_S
                     _log.info(
-                        "etcd watch stream broke (%s); reopening in %.2f s on the next member",
+                        "etcd watch stream broke (%s); reopening in %.2f s",
                         _describe(exc),
                         backoff,
                     )
@@ -509,15 +516,41 @@ class WatchStream:
             watcher._deliver(response.events)
 
     def _refused(self, watcher: Watcher, reason: str) -> None:
-        """etcd would not create the watch: retry elsewhere, or end the watcher."""
-        if "invalid auth token" in reason:
-            # A stale token: the reopened stream logs in again (on another member).
-            self._pending[watcher] = None
-            raise _StreamBroken(f"etcd refused a watch: {reason!r}")
-        if _PERMISSION_DENIED in reason:
-            watcher._finish(PermissionDenied(f"etcd: cannot watch {watcher.key!r}: {reason}"))
-        else:
+        """etcd would not create the watch: check why on a fresh stream, or end the watcher."""
+        if not any(word in reason for word in _AUTH_REFUSALS):
             watcher._finish(BackendError(f"etcd: cannot watch {watcher.key!r}: {reason}"))
+            return
+        # etcd checks the token the stream was opened with at every create, and says
+        # "permission denied" (3.5) or "invalid auth token" (3.4) once it has expired.
+        # Let _check_refused tell that from a real refusal, then reopen the stream.
+        self._refused_watchers[watcher] = self._refused_watchers.get(watcher, 0) + 1
+        self._pending[watcher] = None
+        raise _StreamBroken(f"etcd refused a watch: {reason!r}")
+
+    async def _check_refused(self) -> None:
+        """Before reopening: a unary read of each refused key settles it.
+
+        The client logs in again if its token expired, so a read that passes means
+        the next stream carries a good token; a read refused means the watch is too.
+        """
+        refused, self._refused_watchers = self._refused_watchers, {}
+        for watcher, count in refused.items():
+            if watcher.ended:
+                continue
+            try:
+                await self._client.range(watcher.key)
+            except PermissionDenied as exc:
+                self._pending.pop(watcher, None)
+                watcher._finish(PermissionDenied(f"etcd: cannot watch {watcher.key!r}: {exc}"))
+                continue
+            except LeaseError:
+                pass  # unknown yet: the next stream's create asks again
+            if count >= _MAX_REFUSALS:
+                # Readable, yet never watchable: do not reopen the stream forever.
+                self._pending.pop(watcher, None)
+                watcher._finish(PermissionDenied(f"etcd: cannot watch {watcher.key!r}"))
+            else:
+                self._refused_watchers[watcher] = count
 
 
 def _describe(exc: BaseException) -> str:
