@@ -65,6 +65,7 @@ _WatchCall: TypeAlias = grpc.aio.StreamStreamCall[pb.WatchRequest, pb.WatchRespo
 
 _MIN_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
+_HEALTHY_S = 2.0  # a stream that lived this long restarts the backoff when it breaks
 _AUTH_REFUSALS = ("permission denied", "invalid auth token")
 _MAX_REFUSALS = 3
 
@@ -217,7 +218,6 @@ class WatchStream:
         self._work = asyncio.Event()  # the sender has something to send
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        self._progressed = False  # the current stream registered a watch: reset backoff
         self._create_deadline = 0.0  # when the create in flight counts as unanswered
         # Watchers whose create etcd refused for auth reasons, and how many times.
         self._refused_watchers: dict[Watcher, int] = {}
@@ -324,11 +324,11 @@ class WatchStream:
         backoff = _MIN_BACKOFF_S
         try:
             while not self._closed:
-                self._progressed = False
                 if self._refused_watchers:
                     await self._check_refused()
                     if not self._live():
                         return  # every watcher left was refused for good
+                opened = asyncio.get_running_loop().time()
                 try:
                     await self._session()
                 except asyncio.CancelledError as exc:
@@ -346,7 +346,9 @@ class WatchStream:
                         self._end_all(fatal)
                         return
                     self._requeue()
-                    if self._progressed:
+                    if asyncio.get_running_loop().time() - opened >= _HEALTHY_S:
+                        # It served a while: a fresh failure, not the same one again
+                        # (a member that keeps refusing, a message we cannot take).
                         backoff = _MIN_BACKOFF_S
                     _log.info(
                         "etcd watch stream broke (%s); reopening in %.2f s",
@@ -503,7 +505,7 @@ class WatchStream:
             elif not watcher.ended:
                 self._refused(watcher, response.cancel_reason)
             return
-        self._progressed = True
+        self._refused_watchers.pop(watcher, None)  # it was the token, then
         if watcher.ended:
             self._cancels.append(response.watch_id)  # cancelled while being created
             return
