@@ -11,12 +11,13 @@ by watching the seat (no polling) and take it as soon as it is free::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 
 from etcd_leases.contract import HoldingProvider, check_key, check_owner, check_ttl_ms
-from etcd_leases.errors import LeaseLost
+from etcd_leases.errors import BackendUnavailable, LeaseLost
 from etcd_leases.hold import HeldLease, hold
 
 Callback = Callable[..., Awaitable[None] | None]
@@ -171,21 +172,30 @@ class Election:
         raise AssertionError("unreachable: leadership() raises LeaseLost or returns above")
 
     async def _campaign_until(self, stop: asyncio.Event) -> bool:
-        """Campaign until elected (True) or ``stop`` is set (False)."""
-        campaign = asyncio.ensure_future(self.campaign())
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait([campaign, stopped], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-            if not campaign.done():
-                campaign.cancel()
-                await asyncio.gather(campaign, return_exceptions=True)
-        if campaign.cancelled() or campaign.exception() is not None:
-            if not stop.is_set():
-                campaign.result()  # re-raise: the provider died under us
-            return False
-        return True
+        """Campaign until elected (True) or ``stop`` is set (False).
+
+        An unreachable cluster is waited out (a candidate must outlive an outage);
+        a closed provider or refused credentials end the run with their error.
+        """
+        while not stop.is_set():
+            campaign = asyncio.ensure_future(self.campaign())
+            stopped = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait([campaign, stopped], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+                if not campaign.done():
+                    campaign.cancel()
+                    await asyncio.gather(campaign, return_exceptions=True)
+            if campaign.cancelled():
+                return False
+            if isinstance(campaign.exception(), BackendUnavailable):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), min(1.0, self.ttl_ms / 3000))
+                continue
+            campaign.result()  # re-raise: the provider died under us
+            return True
+        return False
 
     async def _report_leaders(self, on_new_leader: Callback | None) -> None:
         if on_new_leader is None:

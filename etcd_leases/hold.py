@@ -12,13 +12,14 @@ the in-memory model alike::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING
 
 from etcd_leases.contract import AcquireResult, HoldingProvider, Keeper, check_owner
-from etcd_leases.errors import LeaseHeld, LeaseLost, LeaseTypeError, LeaseValueError
+from etcd_leases.errors import LeaseError, LeaseHeld, LeaseLost, LeaseTypeError, LeaseValueError
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
@@ -98,10 +99,10 @@ class HeldLease:
         return await self._provider.delete_fenced(self.key, self.owner, self.token, data_key)
 
     async def _finish(self) -> None:
-        """Stop renewing; release the key unless the tenure already ended."""
-        lost = self.lost.is_set()
-        self._keeper.stop()
-        if not lost and not self._handed_on:
+        """End the tenure: lost to anyone still looking first, then the key released."""
+        still_held = not self.lost.is_set() and not self._handed_on
+        self._keeper.lose("released by its holder")
+        if still_held:
             await self._provider.release_lease(self.key, self.owner)
 
     def __repr__(self) -> str:
@@ -129,12 +130,30 @@ def _wait_seconds(wait: bool | float) -> float | None:
     return float(wait)
 
 
+# Give-backs of tenures nobody will hold, left to finish on their own: referenced
+# here so the event loop does not drop them half way.
+_give_backs: set[asyncio.Task[None]] = set()
+
+
+async def _release_quietly(provider: HoldingProvider, key: str, owner: str) -> None:
+    with contextlib.suppress(LeaseError):
+        await provider.release_lease(key, owner)
+
+
 async def _keep(
     provider: HoldingProvider, key: str, owner: str, result: AcquireResult, sent_at: float
 ) -> HeldLease:
     assert result.token is not None and result.ttl_ms is not None
     valid_until = sent_at + result.ttl_ms / 1000
-    keeper = await provider.keep_lease(key, owner, result.token, result.ttl_ms, valid_until)
+    try:
+        keeper = await provider.keep_lease(key, owner, result.token, result.ttl_ms, valid_until)
+    except BaseException:
+        # Acquired but not kept (cancelled, or the backend failed): give the key back
+        # rather than leave it taken, by no one, until its TTL runs out.
+        task = asyncio.get_running_loop().create_task(_release_quietly(provider, key, owner))
+        _give_backs.add(task)
+        task.add_done_callback(_give_backs.discard)
+        raise
     return HeldLease(provider, key, owner, result, keeper)
 
 
@@ -143,11 +162,23 @@ async def _acquire(
 ) -> HeldLease:
     sent_at = time.monotonic()
     result = await provider.acquire_lease(key, owner, ttl_ms)
-    if result.acquired:
-        return await _keep(provider, key, owner, result, sent_at)
-    if wait == 0:
-        raise LeaseHeld(key, result.owner)
-    holder = result.owner
+    if not result.acquired:
+        if wait == 0:
+            raise LeaseHeld(key, result.owner)
+        sent_at, result = await _wait_for(provider, key, owner, ttl_ms, wait, result.owner)
+    # Outside the wait's timeout: once acquired, the tenure is kept or given back.
+    return await _keep(provider, key, owner, result, sent_at)
+
+
+async def _wait_for(
+    provider: HoldingProvider,
+    key: str,
+    owner: str,
+    ttl_ms: int,
+    wait: float | None,
+    holder: str | None,
+) -> tuple[float, AcquireResult]:
+    """Watch ``key`` and acquire it as soon as it is free: (send time, result)."""
     try:
         async with asyncio.timeout(wait), aclosing(provider.watch_owner(key)) as states:
             # The first state is the key as it is now, so a release between our
@@ -159,7 +190,7 @@ async def _acquire(
                 sent_at = time.monotonic()
                 result = await provider.acquire_lease(key, owner, ttl_ms)
                 if result.acquired:
-                    return await _keep(provider, key, owner, result, sent_at)
+                    return sent_at, result
                 holder = result.owner
     except TimeoutError:
         raise LeaseHeld(key, holder) from None

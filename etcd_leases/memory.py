@@ -79,7 +79,12 @@ class MemoryBackend:
         if tenure.expiry is not None:
             tenure.expiry.cancel()
         delay = max(0.0, tenure.expires_at - self._clock())
-        tenure.expiry = asyncio.get_running_loop().call_later(delay, self._holder, key)
+        tenure.expiry = asyncio.get_running_loop().call_later(delay, self._expire_when_due, key)
+
+    def _expire_when_due(self, key: str) -> None:
+        tenure = self._holder(key)
+        if tenure is not None:  # the timer fired a hair early: look again later
+            self._schedule_expiry(key, tenure)
 
     def _start_tenure(self, key: str, owner: str, ttl_ms: int, reason: str) -> _Tenure:
         tenure = _Tenure(owner, next(self._tokens), ttl_ms, self._clock() + ttl_ms / 1000)

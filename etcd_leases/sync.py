@@ -266,7 +266,7 @@ class Election:
         try:
             yield lease
         finally:
-            lost = lease.lost.is_set()
+            lost = lease.remaining() <= 0  # the loop's own view, not the mirrored event
             self.resign()
         if lost:
             raise LeaseLost(

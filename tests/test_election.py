@@ -121,3 +121,28 @@ async def test_a_candidate_whose_provider_closes_stops_waiting(live: Live) -> No
     await provider.close()
     with pytest.raises(ProviderClosed):
         await asyncio.wait_for(campaign, 2)
+
+
+async def test_resigning_ends_the_lease_for_anyone_watching_it(live: Live) -> None:
+    alice = Election(live.provider, "quit", "alice", 5000)
+    lease = await alice.campaign()
+    await alice.resign()
+    assert lease.lost.is_set() and lease.remaining() == 0
+    with pytest.raises(LeaseLost):
+        lease.check()
+
+
+async def test_resign_from_outside_cancels_the_leadership_block(live: Live) -> None:
+    alice = Election(live.provider, "quit2", "alice", 5000)
+    entered = asyncio.Event()
+
+    async def lead() -> None:
+        async with alice.leadership():
+            entered.set()
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(lead())
+    await entered.wait()
+    await alice.resign()
+    with pytest.raises(LeaseLost):
+        await asyncio.wait_for(task, 2)

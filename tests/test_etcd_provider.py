@@ -9,6 +9,7 @@ import pytest
 
 from etcd_leases import BackendUnavailable, EtcdLeaseProvider, LeaseValueError, ProviderClosed
 from etcd_leases.etcd.client import parse_endpoints
+from etcd_leases.etcd.provider import EtcdKeeper
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import unique_prefix
@@ -206,3 +207,54 @@ async def test_cancelled_transfer_never_frees_the_key(etcd_provider: EtcdLeasePr
         assert await etcd_provider.get_lease_owner("handoff") in ("alice", "bob")
         for owner in ("alice", "bob"):
             await etcd_provider.release_lease("handoff", owner)
+
+
+class SlowToKeep(EtcdLeaseProvider):
+    """A real etcd provider whose keep_lease starts late: widens a race window."""
+
+    async def keep_lease(
+        self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
+    ) -> EtcdKeeper:
+        await asyncio.sleep(0.3)
+        return await super().keep_lease(key, owner, token, ttl_ms, valid_until)
+
+
+async def test_hold_cancelled_after_acquiring_gives_the_key_back(etcd: EtcdCluster) -> None:
+    async with SlowToKeep(etcd.endpoints, prefix=unique_prefix()) as provider:
+        entering = asyncio.create_task(provider.hold("k", "alice", 30_000).__aenter__())
+        await asyncio.sleep(0.1)  # acquired, not yet kept
+        entering.cancel()
+        await asyncio.gather(entering, return_exceptions=True)
+        deadline = time.monotonic() + 2
+        while await provider.get_lease_owner("k") is not None:
+            assert time.monotonic() < deadline, "the key stayed taken by no one"
+            await asyncio.sleep(0.05)
+
+
+async def test_cancelled_acquires_leave_no_lease_behind(etcd: EtcdCluster) -> None:
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
+        before = set(await provider.client.leases())
+        for i, delay in enumerate((0, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.006)):
+            attempt = asyncio.create_task(provider.acquire_lease(f"k{i}", "alice", 60_000))
+            await asyncio.sleep(delay)
+            attempt.cancel()
+            await asyncio.gather(attempt, return_exceptions=True)
+        await asyncio.sleep(0.3)  # background revokes
+        for i in range(8):
+            await provider.release_lease(f"k{i}", "alice")
+        assert set(await provider.client.leases()) - before == set()
+
+
+async def test_a_fresh_process_renewing_under_the_server_minimum_keeps_the_token(
+    etcd_binary: str,
+) -> None:
+    # Default election timeout: etcd raises 1 s requests to 2 s. A process that has
+    # not learnt that yet must not mistake the same request for a change of TTL.
+    args = ["--heartbeat-interval=100", "--election-timeout=1000"]
+    with EtcdCluster(1, binary=etcd_binary, extra_args=args) as etcd:
+        async with EtcdLeaseProvider(etcd.endpoints) as first:
+            held = await first.acquire_lease("k", "a", 1000)
+        async with EtcdLeaseProvider(etcd.endpoints) as fresh:
+            assert await fresh.renew_lease("k", "a", 1000)
+            again = await fresh.acquire_lease("k", "a", 1000)
+            assert again.token == held.token and again.ttl_ms == 2000

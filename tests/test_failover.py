@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 
-from etcd_leases import EtcdLeaseProvider, LeaseError
+from etcd_leases import Election, EtcdLeaseProvider, HeldLease, LeaseError
 from etcd_leases.testing import EtcdCluster
 
 
@@ -95,3 +95,23 @@ async def test_contention_through_member_failures_keeps_one_owner(
     finally:
         for provider in providers:
             await provider.close()
+
+
+async def test_a_candidate_outlives_an_etcd_outage(etcd_binary: str) -> None:
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        async with EtcdLeaseProvider(etcd.endpoints, timeout=1.0) as provider:
+            terms: asyncio.Queue[int] = asyncio.Queue()
+
+            async def lead(lease: HeldLease) -> None:
+                terms.put_nowait(lease.token)
+                await asyncio.Event().wait()
+
+            runner = asyncio.create_task(Election(provider, "seat", "alice", 1000).run(lead))
+            first = await asyncio.wait_for(terms.get(), 5)
+            etcd.members[0].pause()
+            await asyncio.sleep(2.5)  # the lease is lost; campaigns fail meanwhile
+            etcd.members[0].resume()
+            second = await asyncio.wait_for(terms.get(), 10)
+            assert second > first and not runner.done()
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)

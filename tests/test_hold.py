@@ -163,3 +163,10 @@ async def test_hold_needs_a_holding_provider() -> None:
     with pytest.raises(LeaseTypeError, match="watch_owner"):
         async with hold(NoopLeaseProvider(), "k", "a", 1000):
             pass
+
+
+async def test_hold_block_end_marks_the_lease_lost(live: Live) -> None:
+    async with live.provider.hold("over", "alice", 5000) as lease:
+        pass
+    assert lease.lost.is_set() and lease.remaining() == 0
+    assert not await lease.put("over/data", "late")

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from etcd_leases.errors import ProviderClosed
-from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.client import EtcdClient, new_lease_id
 from etcd_leases.etcd.keepalive import (
     DEADLINE_PASSED,
     LEASE_NOT_FOUND,
@@ -37,7 +37,8 @@ async def keeper(client: EtcdClient) -> AsyncIterator[KeepAliveLoop]:
 async def keep_new(client: EtcdClient, keeper: KeepAliveLoop, ttl_s: int) -> KeptLease:
     """Grant a lease and keep it, vouched for from the grant's send time."""
     sent = time.monotonic()
-    lease_id, granted = await client.grant(ttl_s)
+    lease_id = new_lease_id()
+    granted = await client.grant(ttl_s, lease_id)
     return keeper.keep(lease_id, granted, sent + granted)
 
 

@@ -50,9 +50,16 @@ _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
-    # Detect a frozen member under a long-lived stream.
+    # Detect a frozen member under a long-lived stream...
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
+    # ...and really do: by default gRPC stops pinging after two pings without data
+    # and waits 60 s for an unanswered ping (a frozen member went unnoticed 60-120 s).
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.ping_timeout_ms", 5_000),
+    # etcd does not cap what it sends: a watch replaying history can exceed gRPC's
+    # 4 MiB default, which would break the shared stream again on every retry.
+    ("grpc.max_receive_message_length", 2**31 - 1),
     ("grpc.enable_retries", 0),
 ]
 
@@ -343,9 +350,13 @@ class EtcdClient:
         """One transaction, never retried: its outcome is unknown on BackendUnavailable."""
         return await self.call("/etcdserverpb.KV/Txn", request, pb.TxnResponse, retry=False)
 
-    async def grant(self, ttl_s: int) -> tuple[int, int]:
-        """A new lease of at least ``ttl_s`` seconds: ``(lease_id, granted_ttl_s)``."""
-        request = pb.LeaseGrantRequest(TTL=ttl_s, ID=new_lease_id())
+    async def grant(self, ttl_s: int, lease_id: int) -> int:
+        """Grant lease ``lease_id`` (see :func:`new_lease_id`); its TTL as granted.
+
+        Choosing the ID ourselves means a grant whose answer was lost can be retried,
+        and a caller interrupted mid-grant knows which lease to revoke.
+        """
+        request = pb.LeaseGrantRequest(TTL=ttl_s, ID=lease_id)
         try:
             response = await self.call(
                 "/etcdserverpb.Lease/LeaseGrant", request, pb.LeaseGrantResponse
@@ -354,9 +365,8 @@ class EtcdClient:
             # A retry after a lost answer finds the lease our first attempt made.
             if _LEASE_EXISTS not in str(exc):
                 raise
-            granted = await self.time_to_live(request.ID)
-            return request.ID, granted.grantedTTL
-        return response.ID, response.TTL
+            return (await self.time_to_live(lease_id)).grantedTTL
+        return response.TTL
 
     async def revoke(self, lease_id: int) -> bool:
         """Revoke a lease and delete its keys; ``False`` if it was already gone."""

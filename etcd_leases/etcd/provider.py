@@ -28,8 +28,14 @@ from etcd_leases.contract import (
     check_lease_call,
     check_transfer_call,
 )
-from etcd_leases.errors import BackendUnavailable, LeaseError, LeaseLost, LeaseValueError
-from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.errors import (
+    BackendUnavailable,
+    LeaseError,
+    LeaseLost,
+    LeaseValueError,
+    ProviderClosed,
+)
+from etcd_leases.etcd.client import EtcdClient, new_lease_id
 from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
 from etcd_leases.etcd.txn import (
     Txn,
@@ -45,6 +51,16 @@ from etcd_leases.etcd.watch import Watcher, WatchStream
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 DEFAULT_PREFIX = "/etcd-leases/"
+# How many copies of a transaction to send when etcd's answers are lost.
+_CAS_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A lease granted for a tenure to come: its ID and the TTL etcd granted, in s."""
+
+    lease_id: int
+    ttl_s: int
 
 
 @dataclass(frozen=True)
@@ -172,27 +188,32 @@ class EtcdBackend:
         self._client.check_open()
         etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
         kv = await self._client.range(etcd_key)
-        lease: tuple[int, int] | None = None  # granted on the first attempt to create
+        grant: Grant | None = None  # made on the first attempt to create the key
         try:
             while True:
                 if kv is None:
-                    if lease is None:
-                        lease = await self._grant(ttl_ms)
-                    kv = await self._create(etcd_key, value, lease[0])
-                    if kv is not None and kv.lease == lease[0]:
-                        tenure = Tenure(kv.mod_revision, lease[1] * 1000)
-                        lease = None  # now the tenure's lease: keep it
-                        return AcquireResult(True, owner, tenure.token, tenure.ttl_ms)
+                    grant = grant or await self._grant(ttl_ms)
+                    kv = await self._cas(
+                        Txn.when(create_revision_is(etcd_key, 0))
+                        .then(put(etcd_key, value, grant.lease_id), get(etcd_key))
+                        .otherwise(get(etcd_key))
+                    )
+                    if kv is not None and kv.lease == grant.lease_id:
+                        return AcquireResult(True, owner, kv.mod_revision, grant.ttl_s * 1000)
                 elif kv.value != value:
+                    await self._discard(grant)
                     return AcquireResult(False, owner_of(kv))
                 else:
+                    await self._discard(grant)
+                    grant = None
                     refreshed = await self._refresh(etcd_key, value, ttl_ms, kv)
                     if refreshed is not None:
                         return AcquireResult(True, owner, refreshed.token, refreshed.ttl_ms)
                     kv = await self._client.range(etcd_key)
-        finally:
-            if lease is not None:
-                await self._revoke_quietly(lease[0])
+        except BaseException:
+            if grant is not None:  # interrupted: the create may or may not have landed
+                self._in_background(self._revoke_quietly(grant.lease_id))
+            raise
 
     async def get_lease_owner(self, key: str) -> str | None:
         check_key(key)
@@ -213,9 +234,8 @@ class EtcdBackend:
             await self._client.revoke(kv.lease)
         else:
             # Written without a lease (by hand): delete only what we read.
-            await self._settled_txn(
-                etcd_key,
-                Txn.when(mod_revision_is(etcd_key, kv.mod_revision)).then(delete(etcd_key)),
+            await self._cas(
+                Txn.when(mod_revision_is(etcd_key, kv.mod_revision)).then(delete(etcd_key))
             )
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
@@ -234,7 +254,8 @@ class EtcdBackend:
         kv = await self._client.range(etcd_key)
         if kv is None or kv.value != from_owner.encode("utf-8"):
             return False
-        return await self._move(etcd_key, kv, to_owner.encode("utf-8"), ttl_ms) is not None
+        grant = await self._grant(ttl_ms)
+        return await self._move(etcd_key, kv, to_owner.encode("utf-8"), grant) is not None
 
     # The recipes' capabilities (see HoldingProvider).
 
@@ -306,77 +327,88 @@ class EtcdBackend:
 
     # How each step becomes etcd calls.
 
-    async def _grant(self, ttl_ms: int) -> tuple[int, int]:
+    async def _grant(self, ttl_ms: int) -> Grant:
         wanted = max(ttl_seconds(ttl_ms), self._min_ttl_s)
-        lease_id, granted = await self._client.grant(wanted)
+        lease_id = new_lease_id()
+        try:
+            granted = await self._client.grant(wanted, lease_id)
+        except BaseException:
+            # The grant may have landed: revoke it (invariant 4), whatever happens here.
+            self._in_background(self._revoke_quietly(lease_id))
+            raise
         if granted > wanted:
             self._min_ttl_s = granted
-        return lease_id, granted
+        return Grant(lease_id, granted)
+
+    async def _discard(self, grant: Grant | None) -> None:
+        if grant is not None:
+            await self._revoke_quietly(grant.lease_id)
 
     async def _revoke_quietly(self, lease_id: int) -> None:
         """Best-effort cleanup: an unreachable cluster lets the lease expire instead."""
-        with contextlib.suppress(BackendUnavailable):
+        with contextlib.suppress(BackendUnavailable, ProviderClosed):
             await self._client.revoke(lease_id)
 
-    async def _settled_txn(self, etcd_key: bytes, txn: Txn) -> pb.KeyValue | None:
-        """Run ``txn``; the key as it stands after it, re-read if the outcome is unknown.
+    async def _cas(self, txn: Txn) -> pb.KeyValue | None:
+        """Run a compare-and-swap whose branches read the key; the key as it stands after.
 
-        Every transaction here reads the key in both branches, so the caller decides
-        from the key alone whether its write landed (our lease on it, or not).
+        When etcd's answer is lost, the same transaction is sent again rather than
+        the key re-read (invariant 5): a read may overtake a transaction still in
+        flight, while the copies, which put the same value under the same lease and
+        compare the same thing, land at most once between them; the answer to the
+        last copy tells whether one did (our lease is on the key) or not.
         """
-        try:
-            return first_kv(await self._client.txn(txn.request))
-        except BackendUnavailable:
-            return await self._client.range(etcd_key)
-
-    async def _create(self, etcd_key: bytes, value: bytes, lease_id: int) -> pb.KeyValue | None:
-        txn = (
-            Txn.when(create_revision_is(etcd_key, 0))
-            .then(put(etcd_key, value, lease_id), get(etcd_key))
-            .otherwise(get(etcd_key))
-        )
-        return await self._settled_txn(etcd_key, txn)
+        for attempt in range(_CAS_ATTEMPTS):
+            try:
+                return first_kv(await self._client.txn(txn.request))
+            except BackendUnavailable:
+                if attempt == _CAS_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     async def _refresh(
         self, etcd_key: bytes, value: bytes, ttl_ms: int, kv: pb.KeyValue
     ) -> Tenure | None:
         """Reset the TTL of the tenure ``kv`` shows; ``None`` if that tenure is over."""
-        wanted = max(ttl_seconds(ttl_ms), self._min_ttl_s)
-        if kv.lease:
-            # A keep-alive resets the lease to its granted TTL and answers with it.
-            granted = await self._client.keep_alive_once(kv.lease)
-            if granted <= 0:  # the lease is gone: so is the tenure
-                return None
-            if granted == wanted:
-                # Same TTL: the tenure and its token stay, if the key is still on it.
-                now = await self._client.range(etcd_key)
-                if now is None or now.lease != kv.lease or now.value != value:
-                    return None
-                return Tenure(now.mod_revision, granted * 1000)
-        # A new TTL needs a new lease: move the tenure onto it (the token moves on).
-        return await self._move(etcd_key, kv, value, ttl_ms)
+        if not kv.lease:  # written by hand without a lease: give it one
+            return await self._move(etcd_key, kv, value, await self._grant(ttl_ms))
+        # A keep-alive resets the lease to its granted TTL and answers with it.
+        granted = await self._client.keep_alive_once(kv.lease)
+        if granted <= 0:  # the lease is gone: so is the tenure
+            return None
+        if granted != max(ttl_seconds(ttl_ms), self._min_ttl_s):
+            # Another TTL needs another lease, unless etcd rounds both alike (its
+            # minimum TTL, which this process may not have learnt yet).
+            grant = await self._grant(ttl_ms)
+            if grant.ttl_s != granted:
+                return await self._move(etcd_key, kv, value, grant)
+            await self._discard(grant)
+        # Same TTL: the tenure and its token stay, if the key is still on its lease.
+        now = await self._client.range(etcd_key)
+        if now is None or now.lease != kv.lease or now.value != value:
+            return None
+        return Tenure(now.mod_revision, granted * 1000)
 
     async def _move(
-        self, etcd_key: bytes, kv: pb.KeyValue, value: bytes, ttl_ms: int
+        self, etcd_key: bytes, kv: pb.KeyValue, value: bytes, grant: Grant
     ) -> Tenure | None:
-        """Put ``value`` on the key under a new lease if ``kv`` still holds it, atomically."""
-        lease_id, granted = await self._grant(ttl_ms)
+        """Put ``value`` on the key under ``grant`` if ``kv`` still holds it, atomically."""
         txn = (
             Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
-            .then(put(etcd_key, value, lease_id), get(etcd_key))
+            .then(put(etcd_key, value, grant.lease_id), get(etcd_key))
             .otherwise(get(etcd_key))
         )
         try:
-            now = await self._settled_txn(etcd_key, txn)
+            now = await self._cas(txn)
         except BaseException:
-            # Cancelled (or failed) mid-flight: the move may have landed, and then the
-            # new lease is someone's tenure. Settle it in the background by reading.
-            self._in_background(self._settle_move(etcd_key, lease_id, kv.lease))
+            # Interrupted: the move may have landed, and then the new lease is someone's
+            # tenure. Settle it in the background, by sending the same transaction.
+            self._in_background(self._settle_move(txn, grant.lease_id, kv.lease))
             raise
-        if not await self._conclude_move(now, lease_id, kv.lease):
+        if not await self._conclude_move(now, grant.lease_id, kv.lease):
             return None
-        assert now is not None
-        return Tenure(now.mod_revision, granted * 1000)
+        assert now is not None  # the move landed: our lease is on the key
+        return Tenure(now.mod_revision, grant.ttl_s * 1000)
 
     async def _conclude_move(self, now: pb.KeyValue | None, lease_id: int, old_lease: int) -> bool:
         """Revoke whichever lease lost: the old tenure's if the move landed, else ours."""
@@ -387,9 +419,9 @@ class EtcdBackend:
             await self._revoke_quietly(old_lease)
         return True
 
-    async def _settle_move(self, etcd_key: bytes, lease_id: int, old_lease: int) -> None:
+    async def _settle_move(self, txn: Txn, lease_id: int, old_lease: int) -> None:
         with contextlib.suppress(LeaseError):
-            await self._conclude_move(await self._client.range(etcd_key), lease_id, old_lease)
+            await self._conclude_move(await self._cas(txn), lease_id, old_lease)
 
     def _in_background(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -412,7 +444,11 @@ class EtcdKeeper:
         self._kept = kept
         self._recheck: asyncio.Task[None] | None = None
         self._watcher: Watcher = backend._watches.watch(
-            etcd_key, watch_from, on_events=self._on_events
+            etcd_key,
+            watch_from,
+            on_events=self._on_events,
+            # Without its watch a tenure cannot be vouched for within milliseconds.
+            on_error=lambda exc: self.lose(f"the key's watch failed: {exc}"),
         )
         kept.add_loss_callback(lambda _: self._watcher.cancel())
 
