@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from etcd_leases import EtcdLeaseProvider, InMemoryLeaseProvider, LeaseProvider
+from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.testing import EtcdCluster, etcd_version, find_etcd_binaries
 
 ETCD_BINARIES = {f"etcd{etcd_version(binary)}": binary for binary in find_etcd_binaries()}
@@ -64,6 +65,24 @@ def etcd(etcd_members: EtcdMembers, etcd_binary: str) -> EtcdCluster:
 
 def unique_prefix() -> str:
     return f"/test/{uuid.uuid4().hex}/"
+
+
+@pytest.fixture
+async def client(etcd: EtcdCluster) -> AsyncIterator[EtcdClient]:
+    """A bare etcd client (the wire layer under the provider)."""
+    client = EtcdClient(etcd.endpoints, timeout=5)
+    yield client
+    await client.close()
+
+
+def enable_auth(etcd: EtcdCluster) -> None:
+    """Turn auth on: user ``root``/``rootpw``, user ``app``/``apppw`` limited to /allowed/."""
+    etcd.etcdctl("user", "add", "root", "--new-user-password=rootpw")
+    etcd.etcdctl("role", "add", "app")
+    etcd.etcdctl("role", "grant-permission", "app", "readwrite", "/allowed/", "--prefix=true")
+    etcd.etcdctl("user", "add", "app", "--new-user-password=apppw")
+    etcd.etcdctl("user", "grant-role", "app", "app")
+    etcd.etcdctl("auth", "enable")
 
 
 @pytest.fixture

@@ -21,13 +21,6 @@ from etcd_leases.testing import EtcdCluster, EtcdMember
 
 
 @pytest.fixture
-async def client(etcd: EtcdCluster) -> AsyncIterator[EtcdClient]:
-    client = EtcdClient(etcd.endpoints, timeout=5)
-    yield client
-    await client.close()
-
-
-@pytest.fixture
 async def keeper(client: EtcdClient) -> AsyncIterator[KeepAliveLoop]:
     loop = KeepAliveLoop(client)
     yield loop

@@ -9,6 +9,7 @@ import pytest
 
 from etcd_leases import EtcdLeaseProvider, LeaseError, PermissionDenied
 from etcd_leases.testing import EtcdCluster
+from tests.conftest import enable_auth
 
 
 async def test_tls_with_client_certificates(etcd_binary: str) -> None:
@@ -34,12 +35,7 @@ async def test_tls_with_client_certificates(etcd_binary: str) -> None:
 def auth_etcd(etcd_binary: str) -> Iterator[EtcdCluster]:
     """etcd with auth on, tokens living one second, and a user limited to /allowed/."""
     with EtcdCluster(1, binary=etcd_binary, extra_args=["--auth-token-ttl=1"]) as etcd:
-        etcd.etcdctl("user", "add", "root", "--new-user-password=rootpw")
-        etcd.etcdctl("role", "add", "app")
-        etcd.etcdctl("role", "grant-permission", "app", "readwrite", "/allowed/", "--prefix=true")
-        etcd.etcdctl("user", "add", "app", "--new-user-password=apppw")
-        etcd.etcdctl("user", "grant-role", "app", "app")
-        etcd.etcdctl("auth", "enable")
+        enable_auth(etcd)
         yield etcd
 
 

@@ -17,6 +17,7 @@ from etcd_leases.etcd.txn import Txn, delete, put
 from etcd_leases.etcd.watch import Watcher, WatchStream
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster, etcd_version, free_ports
+from tests.conftest import enable_auth
 
 PUT, DELETE = pb.Event.PUT, pb.Event.DELETE
 
@@ -58,13 +59,6 @@ async def registered(*watchers: Watcher, within: float = 10.0) -> None:
 def summary(events: list[pb.Event]) -> list[tuple[int, bytes | None, int]]:
     """(type, value or None for a delete, revision) of each event."""
     return [(e.type, None if e.type == DELETE else e.kv.value, e.kv.mod_revision) for e in events]
-
-
-@pytest.fixture
-async def client(etcd: EtcdCluster) -> AsyncIterator[EtcdClient]:
-    client = EtcdClient(etcd.endpoints, timeout=5)
-    yield client
-    await client.close()
 
 
 @pytest.fixture
@@ -398,12 +392,7 @@ async def test_a_failing_callback_does_not_disturb_the_others(
 async def test_an_expired_token_is_renewed_and_a_real_refusal_reported(etcd_binary: str) -> None:
     # etcd checks the token a stream was opened with at every create; tokens live 1 s here.
     with EtcdCluster(1, binary=etcd_binary, extra_args=["--auth-token-ttl=1"]) as etcd:
-        etcd.etcdctl("user", "add", "root", "--new-user-password=rootpw")
-        etcd.etcdctl("role", "add", "app")
-        etcd.etcdctl("role", "grant-permission", "app", "readwrite", "/allowed/", "--prefix=true")
-        etcd.etcdctl("user", "add", "app", "--new-user-password=apppw")
-        etcd.etcdctl("user", "grant-role", "app", "app")
-        etcd.etcdctl("auth", "enable")
+        enable_auth(etcd)
         client = EtcdClient(etcd.endpoints, timeout=5, username="app", password="apppw")
         stream = WatchStream(client)
         try:

@@ -285,6 +285,15 @@ class EtcdClient:
                 self.invalidate_token()
         raise PermissionDenied("etcd: the auth token was refused right after logging in")
 
+    def _retrying(self) -> AsyncRetrying:
+        """Attempts on member failures, backing off, until ``timeout`` has passed."""
+        return AsyncRetrying(
+            stop=stop_after_delay(self.timeout),
+            wait=wait_exponential(multiplier=0.02, max=0.5),
+            retry=retry_if_exception(is_member_failure),
+            reraise=True,
+        )
+
     def _attempt_timeout(self, deadline: float) -> float:
         remaining = deadline - time.monotonic()
         # With several members, leave time to try another if this one hangs.
@@ -308,12 +317,7 @@ class EtcdClient:
             except (grpc.aio.AioRpcError, LeaseError) as exc:
                 raise self.error(exc) from exc
         try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_delay(self.timeout),
-                wait=wait_exponential(multiplier=0.02, max=0.5),
-                retry=retry_if_exception(is_member_failure),
-                reraise=True,
-            ):
+            async for attempt in self._retrying():
                 with attempt:
                     try:
                         return await self._attempt(
@@ -402,12 +406,7 @@ class EtcdClient:
         self.check_open()
         deadline = time.monotonic() + self.timeout
         try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_delay(self.timeout),
-                wait=wait_exponential(multiplier=0.02, max=0.5),
-                retry=retry_if_exception(is_member_failure),
-                reraise=True,
-            ):
+            async for attempt in self._retrying():
                 with attempt:
                     return await self._keep_alive_attempt(lease_id, deadline)
         except (grpc.aio.AioRpcError, LeaseError) as exc:
