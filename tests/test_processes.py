@@ -97,9 +97,8 @@ async def test_ten_candidates_one_leader_and_failover(etcd: EtcdCluster) -> None
                 second, second_at = await asyncio.wait_for(leaders.get(), 5)
                 assert seat is None and second in names and second != first
                 print(f"new leader {second_at - killed_at:.2f} s after SIGKILL (TTL 1 s)")
-                assert (
-                    second_at - killed_at < 1.0 + 1.0 + 1.0
-                )  # TTL + 1 s, and slack for a busy CI box
+                # TTL + 1 s, and a second of slack for a busy CI machine.
+                assert second_at - killed_at < 1.0 + 1.0 + 1.0
                 await asyncio.sleep(1.0)
                 assert leaders.empty()  # nobody else led meanwhile
                 for proc in procs:
