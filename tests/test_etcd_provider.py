@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from etcd_leases import BackendUnavailable, EtcdLeaseProvider, LeaseValueError, ProviderClosed
 from etcd_leases.etcd.client import parse_endpoints
 from etcd_leases.etcd.provider import EtcdKeeper
+from etcd_leases.etcd.txn import Txn, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import unique_prefix
@@ -258,3 +260,23 @@ async def test_a_fresh_process_renewing_under_the_server_minimum_keeps_the_token
             assert await fresh.renew_lease("k", "a", 1000)
             again = await fresh.acquire_lease("k", "a", 1000)
             assert again.token == held.token and again.ttl_ms == 2000
+
+
+async def test_watch_owner_never_goes_back_after_a_compaction(
+    etcd: EtcdCluster, etcd_provider: EtcdLeaseProvider
+) -> None:
+    client, key = etcd_provider.client, etcd_provider.etcd_key("k")
+    await client.txn(Txn.when().then(put(key, b"X")).request)
+    states = etcd_provider.watch_owner("k")
+    assert (await anext(states)).owner == "X"
+    await client.txn(Txn.when().then(put(key, b"A")).request)
+    compacted = (await client.txn(Txn.when().then(put(key, b"B")).request)).header.revision
+    etcd.etcdctl("compact", str(compacted))
+    await client.txn(Txn.when().then(put(key, b"C")).request)
+    seen: list[str | None] = []
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(1.5):
+            async for state in states:
+                seen.append(state.owner)
+    await states.aclose()
+    assert seen == ["C"]

@@ -7,6 +7,8 @@ import contextlib
 import time
 
 from etcd_leases import Election, EtcdLeaseProvider, HeldLease, LeaseError
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.txn import Txn, delete
 from etcd_leases.testing import EtcdCluster
 
 
@@ -115,3 +117,31 @@ async def test_a_candidate_outlives_an_etcd_outage(etcd_binary: str) -> None:
             assert second > first and not runner.done()
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_a_frozen_member_cannot_hide_a_lost_key(etcd_cluster: EtcdCluster) -> None:
+    """The member serving the streams freezes; the key is then deleted elsewhere with
+    its lease left alive, so keep-alives still succeed: only the watch can tell."""
+    async with (
+        EtcdLeaseProvider(etcd_cluster.endpoints, timeout=3.0) as provider,
+        provider.hold("k", "alice", 3000) as lease,
+    ):
+        await asyncio.sleep(0.5)
+        serving = provider.client.endpoints[0]  # both streams start on the first member
+        etcd_cluster.members[0].pause()
+        try:
+            await asyncio.sleep(1.5)
+            assert not lease.lost.is_set()  # renewals moved to another member
+            others = [e for e in etcd_cluster.endpoints if e != serving]
+            other = EtcdClient(others, timeout=5.0)
+            try:
+                await other.txn(Txn.when().then(delete(provider.etcd_key("k"))).request)
+                deleted_at = time.monotonic()
+                await asyncio.wait_for(lease.lost.wait(), 10)
+                seen = time.monotonic() - deleted_at
+                print(f"deletion seen {seen:.2f} s after it, the watch's member frozen")
+                assert seen < 5.0  # probe after 1 s, 2 s to answer, then another member
+            finally:
+                await other.close()
+        finally:
+            etcd_cluster.members[0].resume()

@@ -269,12 +269,16 @@ class EtcdBackend:
         watcher = self._watches.watch(etcd_key, revision + 1)
         try:
             async for events in watcher:
-                if not events:  # history compacted away: the key as it is now
-                    changes = [state_of(await self._client.range(etcd_key))]
+                if not events:
+                    # History compacted away: the key as it is now. The watch then
+                    # replays from the compaction on; events up to this read are old.
+                    kv, revision = await self._client.range_at(etcd_key)
+                    changes = [state_of(kv)]
                 else:
                     changes = [
                         state_of(event.kv if event.type == pb.Event.PUT else None)
                         for event in events
+                        if event.kv.mod_revision > revision
                     ]
                 for change in changes:
                     if change != state:

@@ -66,6 +66,11 @@ _WatchCall: TypeAlias = grpc.aio.StreamStreamCall[pb.WatchRequest, pb.WatchRespo
 _MIN_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
 _HEALTHY_S = 2.0  # a stream that lived this long restarts the backoff when it breaks
+# A frozen member keeps the TCP connection open and answers nothing, and a holder's
+# key may then change unseen: while watchers are active, ask for progress when the
+# stream has been quiet this long, and give the stream up if nothing answers in time.
+_PROBE_AFTER_S = 1.0
+_PROBE_PATIENCE_S = 2.0
 _AUTH_REFUSALS = ("permission denied", "invalid auth token")
 _MAX_REFUSALS = 3
 
@@ -219,6 +224,7 @@ class WatchStream:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._create_deadline = 0.0  # when the create in flight counts as unanswered
+        self._heard_at = 0.0  # loop time of the last answer on the current stream
         # Watchers whose create etcd refused for auth reasons, and how many times.
         self._refused_watchers: dict[Watcher, int] = {}
 
@@ -387,6 +393,7 @@ class WatchStream:
         """One stream: returns when idle, raises when it broke."""
         metadata = await self._client.metadata()
         call = self._client.watch_stream(metadata)
+        self._heard_at = asyncio.get_running_loop().time()  # a new stream starts trusted
         sender = asyncio.create_task(self._send_loop(call))
         receiver = asyncio.create_task(self._receive_loop(call))
         try:
@@ -446,13 +453,32 @@ class WatchStream:
                         await self._work.wait()
                 continue
             if self._live():
-                await self._work.wait()
+                await self._probe(call)
                 continue
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._idle_timeout):
                     await self._work.wait()
             if not self._live():
                 return
+
+    async def _probe(self, call: _WatchCall) -> None:
+        """Wait for work; meanwhile check that a quiet stream still answers.
+
+        Any answer proves the stream alive; a progress request draws one (etcd 3.4+,
+        with watch_id -1, which matches no watcher and moves no resume point).
+        """
+        loop = asyncio.get_running_loop()
+        quiet_for = loop.time() - self._heard_at
+        if quiet_for >= _PROBE_AFTER_S + _PROBE_PATIENCE_S:
+            raise _StreamBroken("etcd stopped answering the watch stream")
+        if quiet_for >= _PROBE_AFTER_S:
+            await call.write(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
+            wake_at = self._heard_at + _PROBE_AFTER_S + _PROBE_PATIENCE_S
+        else:
+            wake_at = self._heard_at + _PROBE_AFTER_S
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(wake_at):
+                await self._work.wait()
 
     def _create_timeout(self) -> float:
         """How long a create may go unanswered: the client's share per member."""
@@ -467,6 +493,7 @@ class WatchStream:
             response = await call.read()
             if not isinstance(response, pb.WatchResponse):
                 return  # grpc.aio.EOF: etcd ended the stream
+            self._heard_at = asyncio.get_running_loop().time()
             self._dispatch(response)
 
     def _dispatch(self, response: pb.WatchResponse) -> None:

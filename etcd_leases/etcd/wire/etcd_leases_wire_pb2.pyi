@@ -794,26 +794,45 @@ class WatchCancelRequest(_message.Message):
 Global___WatchCancelRequest: _TypeAlias = WatchCancelRequest  # noqa: Y015
 
 @_typing.final
+class WatchProgressRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchProgressRequest: _TypeAlias = WatchProgressRequest  # noqa: Y015
+
+@_typing.final
 class WatchRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CREATE_REQUEST_FIELD_NUMBER: _builtins.int
     CANCEL_REQUEST_FIELD_NUMBER: _builtins.int
+    PROGRESS_REQUEST_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def create_request(self) -> Global___WatchCreateRequest: ...
     @_builtins.property
     def cancel_request(self) -> Global___WatchCancelRequest: ...
+    @_builtins.property
+    def progress_request(self) -> Global___WatchProgressRequest: ...
     def __init__(
         self,
         *,
         create_request: Global___WatchCreateRequest | None = ...,
         cancel_request: Global___WatchCancelRequest | None = ...,
+        progress_request: Global___WatchProgressRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_request", b"cancel_request", "create_request", b"create_request", "request_union", b"request_union"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_request", b"cancel_request", "create_request", b"create_request", "progress_request", b"progress_request", "request_union", b"request_union"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_request", b"cancel_request", "create_request", b"create_request", "request_union", b"request_union"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_request", b"cancel_request", "create_request", b"create_request", "progress_request", b"progress_request", "request_union", b"request_union"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_request_union: _TypeAlias = _typing.Literal["create_request", "cancel_request"]  # noqa: Y015
+    _WhichOneofReturnType_request_union: _TypeAlias = _typing.Literal["create_request", "cancel_request", "progress_request"]  # noqa: Y015
     _WhichOneofArgType_request_union: _TypeAlias = _typing.Literal["request_union", b"request_union"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_request_union) -> _WhichOneofReturnType_request_union | None: ...
 
