@@ -26,12 +26,15 @@ async def holder(endpoints: str, prefix: str) -> None:
         provider.hold("res", "child", 1000) as lease,
     ):
         assert await lease.put(prefix + "data", "child")
+        # Taken before saying "held": the parent may freeze us the moment it reads it.
+        last = time.monotonic()
         say("held", lease.token)
         while True:
-            before = time.monotonic()
             await asyncio.sleep(0.02)
-            if time.monotonic() - before > 0.5:  # we were frozen
+            now = time.monotonic()
+            if now - last > 0.5:  # we were frozen
                 break
+            last = now
         remaining = lease.remaining()
         try:
             lease.check()
