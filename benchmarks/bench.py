@@ -571,7 +571,7 @@ async def bench_keepalive(endpoints: str, prefix: str, cfg: Config, etcd_pid: in
 
         start = time.perf_counter()
         for keeper in keepers:
-            keeper.stop()
+            keeper.lose("released by the benchmark")  # as hold() does on exit
         await bounded_gather(
             [
                 functools.partial(provider.release_lease, f"kept/{i}", f"keeper-{i}")

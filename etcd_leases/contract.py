@@ -95,11 +95,7 @@ class Keeper(Protocol):
         ...
 
     def lose(self, reason: str) -> None:
-        """Declare the tenure over (say, after handing it on); stops renewing."""
-        ...
-
-    def stop(self) -> None:
-        """Stop renewing (the holder is done); does not release the key."""
+        """Declare the tenure over (handed on, or its holder done); stops renewing."""
         ...
 
 

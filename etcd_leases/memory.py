@@ -253,9 +253,6 @@ class _MemoryKeeper:
         if not self.lost.is_set():
             self.lost_reason = reason
             self.lost.set()
-        self.stop()
-
-    def stop(self) -> None:
         self._provider._forget_keeper(self)
         if self._task is not asyncio.current_task():
             self._task.cancel()

@@ -719,14 +719,9 @@ class EtcdMember:
         process = self._process
         if process is None:
             return
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=max(timeout, 0.0))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(OSError):
-                process.kill()
-            process.wait()
-        _forget_process(process)
-        self._paused = False
+        self.kill()  # reaps it, and kills it first if it outlived the timeout
 
     def kill(self) -> None:
         """Kill the process with ``SIGKILL`` and reap it; no-op if not running."""

@@ -446,7 +446,7 @@ class EtcdKeeper:
         self._backend = backend
         self._etcd_key = etcd_key
         self._kept = kept
-        self._recheck: asyncio.Task[None] | None = None
+        self._recheck: asyncio.Task[None] | None = None  # referenced, so not collected
         self._watcher: Watcher = backend._watches.watch(
             etcd_key,
             watch_from,
@@ -469,10 +469,6 @@ class EtcdKeeper:
 
     def lose(self, reason: str) -> None:
         self._backend._keepalive.mark_lost(self._kept, reason)
-        self._watcher.cancel()
-
-    def stop(self) -> None:
-        self._backend._keepalive.release(self._kept)
         self._watcher.cancel()
 
     def _on_events(self, events: list[pb.Event]) -> None:
