@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 
@@ -21,6 +23,13 @@ from etcd_leases.errors import BackendUnavailable, LeaseLost
 from etcd_leases.hold import HeldLease, hold
 
 Callback = Callable[..., Awaitable[None] | None]
+
+_log = logging.getLogger(__name__)
+# Waiting out an unreachable etcd: first retry after this, doubling up to the max.
+_RETRY_MIN_S = 0.1
+_RETRY_MAX_S = 1.0
+# While etcd stays unreachable, say so this often.
+_LOG_EVERY_S = 10.0
 
 
 async def _call(callback: Callback | None, *args: object) -> None:
@@ -92,6 +101,7 @@ class Election:
         :class:`LeaseLost`. The seat is given up when the block ends.
         """
         lease = await self.campaign(timeout)
+        _log.info("election %r: %r leads (token %d)", self.name, self.candidate, lease.token)
         task = asyncio.current_task()
         assert task is not None
         lost_it = False
@@ -100,6 +110,12 @@ class Election:
             nonlocal lost_it
             await lease.lost.wait()
             lost_it = True
+            _log.warning(
+                "election %r: %r lost the leadership: %s",
+                self.name,
+                self.candidate,
+                lease.lost_reason,
+            )
             task.cancel(f"leadership of {self.name!r} lost")
 
         watchdog = asyncio.get_running_loop().create_task(cancel_on_loss())
@@ -177,6 +193,8 @@ class Election:
         An unreachable cluster is waited out (a candidate must outlive an outage);
         a closed provider or refused credentials end the run with their error.
         """
+        unreachable_since: float | None = None
+        next_log_at = 0.0
         while not stop.is_set():
             campaign = asyncio.ensure_future(self.campaign())
             stopped = asyncio.ensure_future(stop.wait())
@@ -189,16 +207,46 @@ class Election:
                     await asyncio.gather(campaign, return_exceptions=True)
             if campaign.cancelled():
                 return False
-            if isinstance(campaign.exception(), BackendUnavailable):
+            if isinstance(error := campaign.exception(), BackendUnavailable):
+                now = time.monotonic()
+                if unreachable_since is None:
+                    unreachable_since = now
+                if now >= next_log_at:  # the first failure, then every few seconds
+                    next_log_at = now + _LOG_EVERY_S
+                    _log.warning(
+                        "election %r: %r cannot campaign, etcd unreachable for %.1f s (%s)",
+                        self.name,
+                        self.candidate,
+                        now - unreachable_since,
+                        error,
+                    )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), min(1.0, self.ttl_ms / 3000))
+                    await asyncio.wait_for(stop.wait(), min(_RETRY_MAX_S, self.ttl_ms / 3000))
                 continue
             campaign.result()  # re-raise: the provider died under us
             return True
         return False
 
     async def _report_leaders(self, on_new_leader: Callback | None) -> None:
+        """Tell ``on_new_leader`` of each change, watching again after an outage."""
         if on_new_leader is None:
             return
-        async for leader in self.observe():
-            await _call(on_new_leader, leader)
+        last: object = object()
+        backoff = _RETRY_MIN_S
+        while True:
+            try:
+                async for leader in self.observe():
+                    backoff = _RETRY_MIN_S
+                    if leader != last:
+                        last = leader
+                        await _call(on_new_leader, leader)
+                return
+            except BackendUnavailable as exc:
+                _log.warning(
+                    "election %r: cannot watch the leader (%s); watching again in %.1f s",
+                    self.name,
+                    exc,
+                    backoff,
+                )
+            await asyncio.sleep(backoff)
+            backoff = min(2 * backoff, _RETRY_MAX_S)

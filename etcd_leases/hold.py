@@ -13,16 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING
 
 from etcd_leases.contract import AcquireResult, HoldingProvider, Keeper, check_owner
-from etcd_leases.errors import LeaseError, LeaseHeld, LeaseLost, LeaseTypeError, LeaseValueError
+from etcd_leases.errors import (
+    BackendUnavailable,
+    LeaseError,
+    LeaseHeld,
+    LeaseLost,
+    LeaseTypeError,
+    LeaseValueError,
+)
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
+
+_log = logging.getLogger(__name__)
 
 
 class HeldLease:
@@ -99,11 +109,39 @@ class HeldLease:
         return await self._provider.delete_fenced(self.key, self.owner, self.token, data_key)
 
     async def _finish(self) -> None:
-        """End the tenure: lost to anyone still looking first, then the key released."""
+        """End the tenure: lost to anyone still looking first, then the key released.
+
+        The release runs to its end even if the task is cancelled again meanwhile (a
+        shutdown does), so a successor need not wait a TTL; the cancel follows.
+        It never raises for an unreachable etcd: the work is done, the tenure ends on
+        its own when its TTL runs out, and the holder's clock has it over already.
+        """
         still_held = not self.lost.is_set() and not self._handed_on
         self._keeper.lose("released by its holder")
-        if still_held:
+        if not still_held:
+            return
+        releasing = asyncio.ensure_future(self._release())
+        cancelled = False
+        while not releasing.done():
+            try:
+                await asyncio.shield(releasing)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+        releasing.result()
+
+    async def _release(self) -> None:
+        try:
             await self._provider.release_lease(self.key, self.owner)
+        except BackendUnavailable as exc:
+            _log.warning(
+                "could not release %r held by %r (%s); it expires on its own within %d ms",
+                self.key,
+                self.owner,
+                exc,
+                self.ttl_ms,
+            )
 
     def __repr__(self) -> str:
         state = "lost" if self.lost.is_set() else f"{self.remaining():.3f}s left"

@@ -302,18 +302,25 @@ class Election:
                 await asyncio.get_running_loop().run_in_executor(None, callback, *args)
 
         async def run() -> None:
-            self._stop.clear()
-            await self._election.run(
-                lead,
-                lambda: in_thread(on_stopped_leading),
-                lambda leader: in_thread(on_new_leader, leader),
-                stop=self._stop,
-            )
+            try:
+                await self._election.run(
+                    lead,
+                    lambda: in_thread(on_stopped_leading),
+                    lambda leader: in_thread(on_new_leader, leader),
+                    stop=self._stop,
+                )
+            finally:
+                # A stop() made before this run began ends it; once it has, the
+                # next run starts afresh.
+                self._stop.clear()
 
         self._portal.call(run)
 
     def stop(self) -> None:
-        """Make :meth:`run` return after the current term (or campaign) ends."""
+        """Make :meth:`run` return after the current term (or campaign) ends.
+
+        Called before :meth:`run` starts, it makes that run return at once.
+        """
         self._portal.call(self._set_stop)
 
     async def _set_stop(self) -> None:

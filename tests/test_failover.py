@@ -145,3 +145,26 @@ async def test_a_frozen_member_cannot_hide_a_lost_key(etcd_cluster: EtcdCluster)
                 await other.close()
         finally:
             etcd_cluster.members[0].resume()
+
+
+async def test_a_frozen_member_costs_concurrent_callers_no_more_than_one(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    """Concurrent failures once rotated one shared index back onto the frozen member:
+    3, 6 or 9 concurrent reads all failed after the full timeout (issue 6, defect 1)."""
+    leader = etcd_cluster.leader()
+    frozen = next(member for member in etcd_cluster.members if member is not leader)
+    endpoints = [frozen.endpoint] + [e for e in etcd_cluster.endpoints if e != frozen.endpoint]
+    async with EtcdLeaseProvider(etcd_cluster.endpoints, prefix="/f/") as provider:
+        assert (await provider.acquire_lease("k", "alice", 10_000)).acquired
+    frozen.pause()
+    try:
+        for concurrency in (1, 3, 6, 9):
+            # A fresh provider each time: its first calls all start on the frozen member.
+            async with EtcdLeaseProvider(endpoints, prefix="/f/", timeout=5.0) as provider:
+                owners = await asyncio.gather(
+                    *(provider.get_lease_owner("k") for _ in range(concurrency))
+                )
+                assert owners == ["alice"] * concurrency
+    finally:
+        frozen.resume()

@@ -170,3 +170,52 @@ async def test_hold_block_end_marks_the_lease_lost(live: Live) -> None:
         pass
     assert lease.lost.is_set() and lease.remaining() == 0
     assert not await lease.put("over/data", "late")
+
+
+async def test_cancelling_the_holding_task_gives_the_key_back_at_once(live: Live) -> None:
+    """As client-go's ReleaseOnCancel: a successor waiting on the key takes it within
+    moments of the holder's task being cancelled, not a TTL later."""
+    held = asyncio.Event()
+
+    async def work() -> None:
+        async with live.provider.hold("job", "alice", 30_000):
+            held.set()
+            await asyncio.Event().wait()
+
+    holder = asyncio.create_task(work())
+    await asyncio.wait_for(held.wait(), 5)
+    successor = asyncio.create_task(_hold_once(live.another(), "job", "bob"))
+    await asyncio.sleep(0.1)  # bob is waiting on the key
+    cancelled_at = time.monotonic()
+    holder.cancel()
+    await asyncio.gather(holder, return_exceptions=True)
+    took = await asyncio.wait_for(successor, 10) - cancelled_at
+    print(f"successor took the key {took * 1000:.0f} ms after the holder was cancelled")
+    assert took < 10  # the wait_for above bounds it; a TTL would be 30 s
+
+
+async def _hold_once(provider: object, key: str, owner: str) -> float:
+    """Wait for ``key`` and take it; when it was taken."""
+    async with hold(provider, key, owner, 30_000, wait=True):
+        return time.monotonic()
+
+
+async def test_cancelling_twice_still_gives_the_key_back(live: Live) -> None:
+    """A shutdown may cancel again while the release is under way (asyncio.run does)."""
+    held = asyncio.Event()
+
+    async def work() -> None:
+        async with live.provider.hold("job", "alice", 30_000):
+            held.set()
+            await asyncio.Event().wait()
+
+    holder = asyncio.create_task(work())
+    await asyncio.wait_for(held.wait(), 5)
+    holder.cancel()
+    await asyncio.sleep(0)  # the release has started
+    holder.cancel()
+    await asyncio.gather(holder, return_exceptions=True)
+    deadline = time.monotonic() + 5
+    while await live.provider.get_lease_owner("job") is not None:
+        assert time.monotonic() < deadline, "the key was not given back"
+        await asyncio.sleep(0.02)

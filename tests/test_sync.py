@@ -175,3 +175,20 @@ def test_run_from_a_thread_until_stopped(
     runner.join(5)
     assert not runner.is_alive() and len(stopped) == 2
     assert "mallory" in leaders
+
+
+def test_stop_before_run_is_not_lost(
+    sync_provider: tuple[SyncLeaseProvider, SyncLeaseProvider],
+) -> None:
+    """run() used to clear the stop event as it began, so an early stop() was lost."""
+    one, _ = sync_provider
+    election = Election(one, "early", "alice", 5000)
+    terms: list[int] = []
+    election.stop()
+    runner = threading.Thread(target=election.run, args=(lambda lease: terms.append(1),))
+    runner.start()
+    runner.join(10)
+    assert not runner.is_alive() and terms == []
+    # The stop was used up by that run: the next run leads.
+    election.run(lambda lease: terms.append(1))
+    assert terms == [1]

@@ -138,9 +138,9 @@ async def test_a_thousand_watchers_share_one_stream(
     opened: list[object] = []
     open_stream = client.watch_stream
 
-    def counting(metadata: tuple[tuple[str, str], ...]) -> object:
+    def counting(metadata: tuple[tuple[str, str], ...], index: int | None = None) -> object:
         opened.append(metadata)
-        return open_stream(metadata)
+        return open_stream(metadata, index)
 
     monkeypatch.setattr(client, "watch_stream", counting)
     keys = [new_key() for _ in range(1000)]

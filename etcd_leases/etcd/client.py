@@ -44,6 +44,12 @@ _LEASE_EXISTS = "lease already exists"
 _LEASE_NOT_FOUND = "requested lease not found"
 _AUTH_FAILED = ("authentication failed", "user name is empty", "permission denied")
 
+# A member that failed us (down, frozen, timed out) is passed over for this long while
+# another may answer: a frozen member must cost concurrent callers no more than it
+# costs one. One that answered "no leader" will have one after an election: sooner.
+_COOL_DOWN_S = 5.0
+_NO_LEADER_COOL_DOWN_S = 0.5
+
 _CHANNEL_OPTIONS = [
     # A restarted member must be reachable again within a second, not after
     # gRPC's default backoff of up to two minutes.
@@ -99,6 +105,11 @@ def _details(exc: grpc.aio.AioRpcError) -> str:
     return exc.details() or ""
 
 
+def is_no_leader(text: str) -> bool:
+    """True for etcd's errors of a member that has no leader (yet)."""
+    return any(reason in text for reason in _NO_LEADER)
+
+
 def is_member_failure(exc: BaseException) -> bool:
     """True when another member, or the same one a moment later, may answer."""
     if isinstance(exc, BackendUnavailable):
@@ -108,7 +119,7 @@ def is_member_failure(exc: BaseException) -> bool:
     code = _code(exc)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return True
-    return any(reason in _details(exc) for reason in _NO_LEADER)
+    return is_no_leader(_details(exc))
 
 
 def to_lease_error(exc: grpc.aio.AioRpcError) -> LeaseError:
@@ -131,7 +142,13 @@ def new_lease_id() -> int:
 
 
 class EtcdClient:
-    """Channels, auth, failover and retries for the etcd calls we use."""
+    """Channels, auth, failover and retries for the etcd calls we use.
+
+    Endpoints are tried from the *preferred* one (the last that answered). A member
+    that fails a call cools down: calls and streams pass it over while another may
+    answer. Each call moves on from the endpoint *it* tried, so concurrent failures
+    on one frozen member never rotate the others back onto it.
+    """
 
     def __init__(
         self,
@@ -157,8 +174,11 @@ class EtcdClient:
         self._password = password
         self._credentials = self._ssl_credentials(ca_cert, cert, key)
         self._channels: dict[Endpoint, grpc.aio.Channel] = {}
-        self._current = 0
-        self._token: str | None = None
+        self._preferred = 0
+        # time.monotonic() until which each endpoint is passed over if others may answer.
+        self._cool_until = [0.0] * len(self._endpoints)
+        # Simple auth tokens are only valid on the member that issued them.
+        self._tokens: dict[int, str] = {}
         self._closed = False
 
     @staticmethod
@@ -184,10 +204,37 @@ class EtcdClient:
         if self._closed:
             raise ProviderClosed("the provider is closed")
 
-    def channel(self) -> grpc.aio.Channel:
-        """The channel to the endpoint in use, created on first use."""
+    def preferred(self) -> int:
+        """The endpoint to start from: the last that answered, unless it failed since."""
+        return self._preferred
+
+    def failed(self, index: int, *, no_leader: bool = False) -> int:
+        """Endpoint ``index`` failed us: cool it down; the endpoint to try next.
+
+        The next is the first after it that is not cooling down, else the one whose
+        cool-down ends first (with every member failing, the least recent failure).
+        """
+        now = time.monotonic()
+        cool_down = _NO_LEADER_COOL_DOWN_S if no_leader else _COOL_DOWN_S
+        self._cool_until[index] = max(self._cool_until[index], now + cool_down)
+        count = len(self._endpoints)
+        following = min(
+            ((index + step) % count for step in range(1, count + 1)),
+            key=lambda i: max(self._cool_until[i], now),
+        )
+        if self._preferred == index:
+            self._preferred = following
+        return following
+
+    def answered(self, index: int) -> None:
+        """Endpoint ``index`` answered: prefer it."""
+        self._cool_until[index] = 0.0
+        self._preferred = index
+
+    def channel(self, index: int | None = None) -> grpc.aio.Channel:
+        """The channel to endpoint ``index`` (the preferred one), created on first use."""
         self.check_open()
-        endpoint = self._endpoints[self._current]
+        endpoint = self._endpoints[self._preferred if index is None else index]
         channel = self._channels.get(endpoint)
         if channel is None:
             if endpoint.secure:
@@ -199,50 +246,49 @@ class EtcdClient:
             self._channels[endpoint] = channel
         return channel
 
-    def invalidate_token(self) -> None:
-        """Forget the auth token etcd refused; the next ``metadata()`` logs in again.
+    def invalidate_token(self, index: int | None = None) -> None:
+        """Forget the auth token endpoint ``index`` refused; ``metadata()`` logs in again.
 
         For streams, which cannot replay a call the way ``call`` does.
         """
-        self._token = None
+        self._tokens.pop(self._preferred if index is None else index, None)
 
-    def rotate(self) -> None:
-        """Move on to the next endpoint after a member failed us."""
-        self._current = (self._current + 1) % len(self._endpoints)
-        # Simple auth tokens are only valid on the member that issued them.
-        if len(self._endpoints) > 1:
-            self._token = None
-
-    async def metadata(self) -> tuple[tuple[str, str], ...]:
-        """Request metadata: fail fast on a leaderless member; the auth token."""
-        if self._username is not None and self._token is None:
-            await self._authenticate()
+    async def metadata(self, index: int | None = None) -> tuple[tuple[str, str], ...]:
+        """Request metadata for endpoint ``index``: fail fast without a leader; the token."""
+        index = self._preferred if index is None else index
+        if self._username is not None and index not in self._tokens:
+            await self._authenticate(index)
         pairs = [("hasleader", "true")]
-        if self._token is not None:
-            pairs.append(("token", self._token))
+        if index in self._tokens:
+            pairs.append(("token", self._tokens[index]))
         return tuple(pairs)
 
-    async def _authenticate(self) -> None:
+    async def _authenticate(self, index: int) -> None:
         assert self._username is not None and self._password is not None
         request = pb.AuthenticateRequest(name=self._username, password=self._password)
-        call = self.channel().unary_unary(
+        call = self.channel(index).unary_unary(
             "/etcdserverpb.Auth/Authenticate",
             request_serializer=pb.AuthenticateRequest.SerializeToString,
             response_deserializer=pb.AuthenticateResponse.FromString,
         )
         response: pb.AuthenticateResponse = await call(request, timeout=self.timeout)
-        self._token = response.token
+        self._tokens[index] = response.token
 
     def error(self, exc: BaseException) -> LeaseError:
-        """The error to raise for ``exc``, rotating away from a failed member."""
+        """The error to raise for ``exc``."""
         if self._closed:
             return ProviderClosed("the provider is closed")
         if isinstance(exc, LeaseError):
             return exc
         assert isinstance(exc, grpc.aio.AioRpcError)
-        if is_member_failure(exc):
-            self.rotate()
         return to_lease_error(exc)
+
+    def _attempt_failed(self, index: int, exc: BaseException) -> int:
+        """The endpoint to try after ``exc`` on ``index`` (``index`` unless a member failure)."""
+        if not is_member_failure(exc):
+            return index
+        text = _details(exc) if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+        return self.failed(index, no_leader=is_no_leader(text))
 
     def closed_under(self, exc: asyncio.CancelledError) -> LeaseError | None:
         """ProviderClosed when ``exc`` is gRPC cancelling a call because we closed.
@@ -255,19 +301,32 @@ class EtcdClient:
         return None
 
     async def _attempt(
-        self, path: str, request: Message, response_type: type[ResponseT], deadline_s: float
+        self,
+        index: int,
+        path: str,
+        request: Message,
+        response_type: type[ResponseT],
+        deadline_s: float,
     ) -> ResponseT:
+        """One attempt on endpoint ``index``; it becomes the preferred one if it answers."""
         try:
-            return await self._attempt_once(path, request, response_type, deadline_s)
+            response = await self._attempt_once(index, path, request, response_type, deadline_s)
         except asyncio.CancelledError as exc:
             if closed := self.closed_under(exc):
                 raise closed from None
             raise
+        self.answered(index)
+        return response
 
     async def _attempt_once(
-        self, path: str, request: Message, response_type: type[ResponseT], deadline_s: float
+        self,
+        index: int,
+        path: str,
+        request: Message,
+        response_type: type[ResponseT],
+        deadline_s: float,
     ) -> ResponseT:
-        call = self.channel().unary_unary(
+        call = self.channel(index).unary_unary(
             path,
             request_serializer=type(request).SerializeToString,
             response_deserializer=response_type.FromString,
@@ -275,14 +334,14 @@ class EtcdClient:
         for _ in range(2):
             try:
                 response: ResponseT = await call(
-                    request, timeout=deadline_s, metadata=await self.metadata()
+                    request, timeout=deadline_s, metadata=await self.metadata(index)
                 )
                 return response
             except grpc.aio.AioRpcError as exc:
                 # etcd's simple tokens expire: log in again and replay, once.
                 if self._username is None or _INVALID_TOKEN not in _details(exc):
                     raise
-                self.invalidate_token()
+                self.invalidate_token(index)
         raise PermissionDenied("etcd: the auth token was refused right after logging in")
 
     def _retrying(self) -> AsyncRetrying:
@@ -311,21 +370,22 @@ class EtcdClient:
         """One unary call; retried on other members until ``timeout`` when ``retry``."""
         self.check_open()
         deadline = time.monotonic() + self.timeout
+        index = self._preferred
         if not retry:
             try:
-                return await self._attempt(path, request, response_type, self.timeout)
+                return await self._attempt(index, path, request, response_type, self.timeout)
             except (grpc.aio.AioRpcError, LeaseError) as exc:
+                self._attempt_failed(index, exc)
                 raise self.error(exc) from exc
         try:
             async for attempt in self._retrying():
                 with attempt:
                     try:
                         return await self._attempt(
-                            path, request, response_type, self._attempt_timeout(deadline)
+                            index, path, request, response_type, self._attempt_timeout(deadline)
                         )
-                    except grpc.aio.AioRpcError as exc:
-                        if is_member_failure(exc):
-                            self.rotate()
+                    except (grpc.aio.AioRpcError, LeaseError) as exc:
+                        index = self._attempt_failed(index, exc)
                         raise
         except (grpc.aio.AioRpcError, LeaseError) as exc:
             raise self.error(exc) from exc
@@ -405,16 +465,21 @@ class EtcdClient:
         """Refresh a lease once; its TTL in seconds, or 0 when it is gone."""
         self.check_open()
         deadline = time.monotonic() + self.timeout
+        index = self._preferred
         try:
             async for attempt in self._retrying():
                 with attempt:
-                    return await self._keep_alive_attempt(lease_id, deadline)
+                    try:
+                        return await self._keep_alive_attempt(index, lease_id, deadline)
+                    except (grpc.aio.AioRpcError, LeaseError) as exc:
+                        index = self._attempt_failed(index, exc)
+                        raise
         except (grpc.aio.AioRpcError, LeaseError) as exc:
             raise self.error(exc) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
 
-    async def _keep_alive_attempt(self, lease_id: int, deadline: float) -> int:
-        stream = self.keep_alive_stream(await self.metadata())
+    async def _keep_alive_attempt(self, index: int, lease_id: int, deadline: float) -> int:
+        stream = self.keep_alive_stream(await self.metadata(index), index)
         try:
             await stream.write(pb.LeaseKeepAliveRequest(ID=lease_id))
             response = await asyncio.wait_for(stream.read(), self._attempt_timeout(deadline))
@@ -423,17 +488,12 @@ class EtcdClient:
                 raise closed from None
             raise
         except TimeoutError:
-            self.rotate()
             raise BackendUnavailable("etcd: a keep-alive was not answered in time") from None
-        except grpc.aio.AioRpcError as exc:
-            if is_member_failure(exc):
-                self.rotate()
-            raise
         finally:
             stream.cancel()
         if not isinstance(response, pb.LeaseKeepAliveResponse):
-            self.rotate()
             raise BackendUnavailable("etcd closed the keep-alive stream")
+        self.answered(index)
         return max(0, response.TTL)
 
     def _open_stream(
@@ -442,8 +502,9 @@ class EtcdClient:
         request_type: type[RequestT],
         response_type: type[ResponseT],
         metadata: tuple[tuple[str, str], ...],
+        index: int | None,
     ) -> grpc.aio.StreamStreamCall[RequestT, ResponseT]:
-        method = self.channel().stream_stream(
+        method = self.channel(index).stream_stream(
             path,
             request_serializer=request_type.SerializeToString,
             response_deserializer=response_type.FromString,
@@ -451,22 +512,23 @@ class EtcdClient:
         return method(None, metadata=metadata)
 
     def keep_alive_stream(
-        self, metadata: tuple[tuple[str, str], ...]
+        self, metadata: tuple[tuple[str, str], ...], index: int | None = None
     ) -> grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse]:
-        """A bidirectional ``LeaseKeepAlive`` stream to the endpoint in use."""
+        """A bidirectional ``LeaseKeepAlive`` stream to endpoint ``index`` (the preferred)."""
         return self._open_stream(
             "/etcdserverpb.Lease/LeaseKeepAlive",
             pb.LeaseKeepAliveRequest,
             pb.LeaseKeepAliveResponse,
             metadata,
+            index,
         )
 
     def watch_stream(
-        self, metadata: tuple[tuple[str, str], ...]
+        self, metadata: tuple[tuple[str, str], ...], index: int | None = None
     ) -> grpc.aio.StreamStreamCall[pb.WatchRequest, pb.WatchResponse]:
-        """A bidirectional ``Watch`` stream to the endpoint in use."""
+        """A bidirectional ``Watch`` stream to endpoint ``index`` (the preferred)."""
         return self._open_stream(
-            "/etcdserverpb.Watch/Watch", pb.WatchRequest, pb.WatchResponse, metadata
+            "/etcdserverpb.Watch/Watch", pb.WatchRequest, pb.WatchResponse, metadata, index
         )
 
     async def close(self) -> None:

@@ -42,7 +42,7 @@ import grpc
 import grpc.aio
 
 from etcd_leases.errors import LeaseError, LeaseValueError, ProviderClosed
-from etcd_leases.etcd.client import EtcdClient, to_lease_error
+from etcd_leases.etcd.client import EtcdClient, is_no_leader, to_lease_error
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 __all__ = [
@@ -210,6 +210,7 @@ class KeepAliveLoop:
         self._requests_sent = 0
         self._answers_received = 0
         self._last_member_id: int | None = None
+        self._endpoint = 0  # the client's endpoint the current stream is on
 
     # The public surface.
 
@@ -438,9 +439,8 @@ class KeepAliveLoop:
                 return
             failures = 0 if self._answered else failures + 1
             _log.info("etcd keep-alive stream ended (%s); reopening", reason)
-            # Another member may serve us; simple auth tokens are per member and
-            # rotate() drops the token when it moves.
-            self._client.rotate()
+            # Pass this member over while another may serve us.
+            self._client.failed(self._endpoint, no_leader=is_no_leader(reason))
             if failures:
                 # A keep() cuts the wait short: its caller just had a grant
                 # answered, so some member is reachable again.
@@ -454,8 +454,9 @@ class KeepAliveLoop:
         """Open a stream, renew over it until it breaks; why it ended."""
         self._answered = False
         try:
-            metadata = await self._client.metadata()
-            stream = self._client.keep_alive_stream(metadata)
+            self._endpoint = self._client.preferred()
+            metadata = await self._client.metadata(self._endpoint)
+            stream = self._client.keep_alive_stream(metadata, self._endpoint)
         except grpc.aio.AioRpcError as exc:
             return self._describe(exc)
         except ProviderClosed:
@@ -605,5 +606,5 @@ class KeepAliveLoop:
 
     def _describe(self, exc: grpc.aio.AioRpcError) -> str:
         if _INVALID_TOKEN in (exc.details() or ""):
-            self._client.invalidate_token()
+            self._client.invalidate_token(self._endpoint)
         return str(to_lease_error(exc))

@@ -224,19 +224,21 @@ class EtcdBackend:
     async def release_lease(self, key: str, owner: str) -> None:
         check_lease_call(key, owner)
         self._client.check_open()
-        etcd_key = self.etcd_key(key)
+        etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
         kv = await self._client.range(etcd_key)
-        if kv is None or kv.value != owner.encode("utf-8"):
-            return
-        if kv.lease:
-            # The lease is this tenure's alone (invariant 1): if ownership moved on
-            # since the read, the key sits on another lease and survives the revoke.
-            await self._client.revoke(kv.lease)
-        else:
-            # Written without a lease (by hand): delete only what we read.
-            await self._cas(
-                Txn.when(mod_revision_is(etcd_key, kv.mod_revision)).then(delete(etcd_key))
+        while kv is not None and kv.value == value:
+            # Delete only the tenure read: revoking the lease read would miss the key
+            # if a renewal with another TTL (or a self-transfer) just moved it.
+            now = await self._cas(
+                Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
+                .then(delete(etcd_key))
+                .otherwise(get(etcd_key))
             )
+            if kv.lease and (now is None or now.lease != kv.lease):
+                await self._revoke_quietly(kv.lease)  # that tenure's (invariant 1), now over
+            if now is None or now.create_revision != kv.create_revision:
+                return  # deleted, by us or since: this key's tenures are over
+            kv = now  # moved to another lease of the same key: release that
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         check_lease_call(key, owner, ttl_ms)
@@ -253,6 +255,12 @@ class EtcdBackend:
         etcd_key = self.etcd_key(key)
         kv = await self._client.range(etcd_key)
         if kv is None or kv.value != from_owner.encode("utf-8"):
+            return False
+        # etcd deletes an expired lease's key up to 500 ms after its expiry (seconds
+        # under mass expiry): meanwhile the key still reads as held. A keep-alive
+        # answers 0 for an expired lease (after waiting for its revoke) and else
+        # makes it last a full TTL more, so it cannot expire before the move.
+        if kv.lease and await self._client.keep_alive_once(kv.lease) <= 0:
             return False
         grant = await self._grant(ttl_ms)
         return await self._move(etcd_key, kv, to_owner.encode("utf-8"), grant) is not None

@@ -225,6 +225,7 @@ class WatchStream:
         self._closed = False
         self._create_deadline = 0.0  # when the create in flight counts as unanswered
         self._heard_at = 0.0  # loop time of the last answer on the current stream
+        self._endpoint = 0  # the client's endpoint the current stream is on
         # Watchers whose create etcd refused for auth reasons, and how many times.
         self._refused_watchers: dict[Watcher, int] = {}
 
@@ -361,7 +362,7 @@ class WatchStream:
                         _describe(exc),
                         backoff,
                     )
-                    self._client.rotate()
+                    self._client.failed(self._endpoint)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, _MAX_BACKOFF_S)
                     continue
@@ -391,8 +392,9 @@ class WatchStream:
 
     async def _session(self) -> None:
         """One stream: returns when idle, raises when it broke."""
-        metadata = await self._client.metadata()
-        call = self._client.watch_stream(metadata)
+        self._endpoint = self._client.preferred()
+        metadata = await self._client.metadata(self._endpoint)
+        call = self._client.watch_stream(metadata, self._endpoint)
         self._heard_at = asyncio.get_running_loop().time()  # a new stream starts trusted
         sender = asyncio.create_task(self._send_loop(call))
         receiver = asyncio.create_task(self._receive_loop(call))
