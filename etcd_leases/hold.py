@@ -56,6 +56,16 @@ class HeldLease:
         self._provider = provider
         self._keeper = keeper
         self._handed_on = False
+        self._ended_by_holder = False
+        # Referenced, so not collected; it ends when the tenure does.
+        self._loss_logger = asyncio.get_running_loop().create_task(self._log_loss())
+
+    async def _log_loss(self) -> None:
+        await self._keeper.lost.wait()
+        if not self._ended_by_holder:
+            _log.warning(
+                "%r lost %r (token %d): %s", self.owner, self.key, self.token, self.lost_reason
+            )
 
     @property
     def lost(self) -> asyncio.Event:
@@ -92,7 +102,7 @@ class HeldLease:
         ):
             self._keeper.lose("lost before it could be transferred")
             self.check()
-        self._handed_on = True
+        self._handed_on = self._ended_by_holder = True
         self._keeper.lose(f"transferred to {to_owner!r}")
 
     async def put(self, data_key: str, value: str | bytes) -> bool:
@@ -117,6 +127,7 @@ class HeldLease:
         its own when its TTL runs out, and the holder's clock has it over already.
         """
         still_held = not self.lost.is_set() and not self._handed_on
+        self._ended_by_holder = True
         self._keeper.lose("released by its holder")
         if not still_held:
             return

@@ -177,7 +177,7 @@ async def test_holders_keep_their_leases_through_a_frozen_leader(
     answers before the holders' deadlines (issue 6, defect 7: in 2 of 5 trials every
     lease was lost, the keep-alive stream stuck on a member forwarding to the leader).
 
-    etcd bug 15247 (see README, Guarantees): on etcd < 3.4.30 / < 3.5.13 the leader,
+    etcd bug 15247 (see README, Guarantees): on etcd < 3.4.31 / < 3.5.13 the leader,
     once resumed, may revoke leases it thinks expired, deleting held keys early. That
     is etcd's doing, not ours: such a loss (the key deleted while the holder's own
     clock still gave it time) is reported, not failed on. A loss by our deadline or
@@ -192,33 +192,33 @@ async def test_holders_keep_their_leases_through_a_frozen_leader(
         leader = await asyncio.to_thread(etcd_cluster.leader)
         first, last = (m.endpoint for m in etcd_cluster.members if m is not leader)
         endpoints = [first, leader.endpoint, last] if trial % 2 else [leader.endpoint, first, last]
-        async with EtcdLeaseProvider(endpoints, timeout=5.0) as provider:
-            async with contextlib.AsyncExitStack() as stack:
-                leases = [
-                    await stack.enter_async_context(provider.hold(f"k{i}", "me", 3000))
-                    for i in range(6)
-                ]
-                watching = [
-                    asyncio.create_task(_time_left_at_loss(lease, lowest)) for lease in leases
-                ]
-                await asyncio.sleep(1.2)  # renewals under way
-                leader.pause()
-                try:
-                    await asyncio.sleep(3.0)
-                finally:
-                    leader.resume()
-                await asyncio.sleep(1.0)
-                for lease, task in zip(leases, watching, strict=True):
-                    task.cancel()
-                    left = await asyncio.gather(task, return_exceptions=True)
-                    if not lease.lost.is_set():
-                        continue
-                    what = f"trial {trial} {lease.key}: {lease.lost_reason}"
-                    deleted = "released, deleted or expired" in (lease.lost_reason or "")
-                    if deleted and isinstance(left[0], float) and left[0] > 0.05:
-                        etcd_early.append(f"{what} with {left[0]:.2f} s left")
-                    else:
-                        ours.append(what)
+        async with (
+            EtcdLeaseProvider(endpoints, timeout=5.0) as provider,
+            contextlib.AsyncExitStack() as stack,
+        ):
+            leases = [
+                await stack.enter_async_context(provider.hold(f"k{i}", "me", 3000))
+                for i in range(6)
+            ]
+            watching = [asyncio.create_task(_time_left_at_loss(lease, lowest)) for lease in leases]
+            await asyncio.sleep(1.2)  # renewals under way
+            leader.pause()
+            try:
+                await asyncio.sleep(3.0)
+            finally:
+                leader.resume()
+            await asyncio.sleep(1.0)
+            for lease, task in zip(leases, watching, strict=True):
+                task.cancel()
+                left = await asyncio.gather(task, return_exceptions=True)
+                if not lease.lost.is_set():
+                    continue
+                what = f"trial {trial} {lease.key}: {lease.lost_reason}"
+                deleted = "released, deleted or expired" in (lease.lost_reason or "")
+                if deleted and isinstance(left[0], float) and left[0] > 0.05:
+                    etcd_early.append(f"{what} with {left[0]:.2f} s left")
+                else:
+                    ours.append(what)
     print(f"least time a holder had left during the freezes: {min(lowest):.2f} s of 3 s")
     if etcd_early:
         print("etcd deleted held keys early (bug 15247):", *etcd_early, sep="\n  ")

@@ -86,3 +86,24 @@ async def test_a_candidate_logs_while_etcd_is_unreachable(
                 etcd.members[0].resume()
                 runner.cancel()
                 await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_a_lost_lease_and_the_silence_before_are_logged(
+    etcd_binary: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        async with (
+            EtcdLeaseProvider(etcd.endpoints, timeout=1.0) as provider,
+            provider.hold("job", "alice", 2000) as lease,
+        ):
+            etcd.members[0].pause()
+            try:
+                await asyncio.wait_for(lease.lost.wait(), 10)
+                await asyncio.sleep(0)  # the loss's log line
+            finally:
+                etcd.members[0].resume()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("has not answered keep-alives" in message for message in warnings), warnings
+    assert any(
+        "'alice' lost 'job'" in message and "deadline passed" in message for message in warnings
+    ), warnings

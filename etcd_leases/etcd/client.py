@@ -32,6 +32,7 @@ from etcd_leases.errors import (
     PermissionDenied,
     ProviderClosed,
 )
+from etcd_leases.etcd.version import warn_if_affected
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 RequestT = TypeVar("RequestT", bound=Message)
@@ -49,6 +50,8 @@ _AUTH_FAILED = ("authentication failed", "user name is empty", "permission denie
 # costs one. One that answered "no leader" will have one after an election: sooner.
 _COOL_DOWN_S = 5.0
 _NO_LEADER_COOL_DOWN_S = 0.5
+# How long the server's version may take to come on connect.
+_STATUS_TIMEOUT_S = 1.0
 
 _CHANNEL_OPTIONS = [
     # A restarted member must be reachable again within a second, not after
@@ -180,6 +183,8 @@ class EtcdClient:
         # Simple auth tokens are only valid on the member that issued them.
         self._tokens: dict[int, str] = {}
         self._closed = False
+        #: The version of the first member that told us, once one has.
+        self.server_version: str | None = None
 
     @staticmethod
     def _ssl_credentials(
@@ -369,6 +374,8 @@ class EtcdClient:
     ) -> ResponseT:
         """One unary call; retried on other members until ``timeout`` when ``retry``."""
         self.check_open()
+        if self.server_version is None:
+            await self._read_server_version()
         deadline = time.monotonic() + self.timeout
         index = self._preferred
         if not retry:
@@ -390,6 +397,31 @@ class EtcdClient:
         except (grpc.aio.AioRpcError, LeaseError) as exc:
             raise self.error(exc) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def _read_server_version(self) -> None:
+        """Learn the server's version on connect, to warn of its known bugs.
+
+        Tried before each call until a member answers, briefly: the call itself
+        reports an unreachable cluster.
+        """
+        index = self._preferred
+        self.server_version = ""  # unknown; no second attempt while this one runs
+        try:
+            response = await self._attempt(
+                index,
+                "/etcdserverpb.Maintenance/Status",
+                pb.StatusRequest(),
+                pb.StatusResponse,
+                min(self.timeout, _STATUS_TIMEOUT_S),
+            )
+        except BaseException as exc:
+            if is_member_failure(exc) or isinstance(exc, asyncio.CancelledError):
+                self.server_version = None  # ask again, of a member that answers
+            if isinstance(exc, grpc.aio.AioRpcError | LeaseError):
+                return  # refused (say, by permissions): the version stays unknown
+            raise
+        self.server_version = response.version
+        warn_if_affected(response.version, self._endpoints[index].target)
 
     # The etcd calls, one method each.
 

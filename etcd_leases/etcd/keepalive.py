@@ -204,6 +204,10 @@ class KeepAliveLoop:
         self._answered = False  # the current stream answered at least once
         self._outstanding = 0  # requests written on the current stream, not answered
         self._progress_at = 0.0  # last answer, or first write after a quiet spell
+        # The last answer (or the first keep() after none were kept), and whether the
+        # silence since has been logged.
+        self._answered_at = 0.0
+        self._silence_logged = False
         self._watchdog: asyncio.TimerHandle | None = None
         self._watchdog_at = math.inf
         self._closed = False
@@ -253,6 +257,8 @@ class KeepAliveLoop:
             raise LeaseValueError(f"ttl_s must be a positive int, got {ttl_s!r}")
         asyncio.get_running_loop()  # fail here, not in a timer, when called off the loop
         now = time.monotonic()
+        if not self._kept:
+            self._answered_at = now
         existing = self._kept.get(lease_id)
         if existing is not None:
             if now < existing.valid_until:
@@ -344,6 +350,20 @@ class KeepAliveLoop:
         for lease in kept:
             lease._set_lost(reason)
         self._wake.set()
+
+    def _log_silence(self, reason: str) -> None:
+        """Warn, once per outage, when etcd has been silent longer than a renewal interval."""
+        silence = time.monotonic() - self._answered_at
+        interval = max(min(self._ttls, default=math.inf) / 3, _MIN_INTERVAL_S)
+        if self._kept and not self._silence_logged and silence > interval:
+            self._silence_logged = True
+            _log.warning(
+                "etcd has not answered keep-alives for %.1f s, more than a renewal "
+                "interval (%s); %d leases at risk",
+                silence,
+                reason,
+                len(self._kept),
+            )
 
     def _stall_after(self) -> float:
         shortest = min(self._ttls, default=3 * _STALL_MAX_S)
@@ -439,6 +459,7 @@ class KeepAliveLoop:
                 return
             failures = 0 if self._answered else failures + 1
             _log.info("etcd keep-alive stream ended (%s); reopening", reason)
+            self._log_silence(reason)
             # Pass this member over while another may serve us.
             self._client.failed(self._endpoint, no_leader=is_no_leader(reason))
             if failures:
@@ -578,6 +599,10 @@ class KeepAliveLoop:
 
     def _on_answer(self, response: pb.LeaseKeepAliveResponse) -> None:
         now = time.monotonic()
+        if self._silence_logged:
+            self._silence_logged = False
+            _log.info("etcd answers keep-alives again, after %.1f s", now - self._answered_at)
+        self._answered_at = now
         self._answers_received += 1
         self._answered = True
         self._progress_at = now

@@ -921,3 +921,53 @@ class AuthenticateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AuthenticateResponse: _TypeAlias = AuthenticateResponse  # noqa: Y015
+
+@_typing.final
+class StatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatusRequest: _TypeAlias = StatusRequest  # noqa: Y015
+
+@_typing.final
+class StatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    DBSIZE_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    RAFTINDEX_FIELD_NUMBER: _builtins.int
+    RAFTTERM_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    dbSize: _builtins.int
+    leader: _builtins.int
+    raftIndex: _builtins.int
+    raftTerm: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+        version: _builtins.str = ...,
+        dbSize: _builtins.int = ...,
+        leader: _builtins.int = ...,
+        raftIndex: _builtins.int = ...,
+        raftTerm: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dbSize", b"dbSize", "header", b"header", "leader", b"leader", "raftIndex", b"raftIndex", "raftTerm", b"raftTerm", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatusResponse: _TypeAlias = StatusResponse  # noqa: Y015

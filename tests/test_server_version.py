@@ -1,0 +1,42 @@
+"""The server's version is read on connect; etcd bug 15247 is warned of, once."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from etcd_leases import EtcdLeaseProvider
+from etcd_leases.etcd.version import has_bug_15247
+from etcd_leases.testing import EtcdCluster, etcd_version
+
+
+@pytest.mark.parametrize(
+    ("version", "affected"),
+    [
+        ("3.3.27", True),
+        ("3.4.23", True),
+        ("3.4.30", True),
+        ("3.4.31", False),
+        ("3.5.1", True),
+        ("3.5.12", True),
+        ("3.5.13", False),
+        ("3.6.0", False),
+        ("not a version", False),
+    ],
+)
+def test_versions_with_bug_15247(version: str, affected: bool) -> None:
+    assert has_bug_15247(version) is affected
+
+
+async def test_version_is_read_on_connect_and_warned_of_once(
+    etcd: EtcdCluster, etcd_binary: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    version = etcd_version(etcd_binary)
+    async with EtcdLeaseProvider(etcd.endpoints, prefix="/version-test/") as provider:
+        for _ in range(3):
+            await provider.get_lease_owner("k")
+        assert provider.client.server_version == version
+    warnings = [r for r in caplog.records if "bug 15247" in r.getMessage()]
+    assert len(warnings) == (1 if has_bug_15247(version) else 0)
+    assert all(r.levelno == logging.WARNING for r in warnings)
