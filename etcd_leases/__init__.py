@@ -1,5 +1,7 @@
 """etcd-leases: one owner per key across processes, on etcd."""
 
+import logging
+
 from etcd_leases.contract import (
     AcquireResult,
     HoldingProvider,
@@ -23,6 +25,9 @@ from etcd_leases.errors import (
 from etcd_leases.hold import HeldLease, adopt, hold
 from etcd_leases.noop import NoopLeaseProvider, lease_provider_for
 from etcd_leases.providers import EtcdLeaseProvider, InMemoryLeaseProvider
+
+# Quiet unless the application configures logging (loggers under "etcd_leases").
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "AcquireResult",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncGenerator, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -311,11 +311,20 @@ class EtcdBackend:
         self, key: str, owner: str, token: int, data_key: str, value: bytes
     ) -> bool:
         check_key(data_key, "data_key")
-        return await self._fenced(key, owner, token, put(data_key.encode("utf-8"), value))
+        data = data_key.encode("utf-8")
+        return await self._fenced(
+            key,
+            owner,
+            token,
+            data,
+            put(data, value),
+            lambda kv: kv is not None and kv.value == value,
+        )
 
     async def delete_fenced(self, key: str, owner: str, token: int, data_key: str) -> bool:
         check_key(data_key, "data_key")
-        return await self._fenced(key, owner, token, delete(data_key.encode("utf-8")))
+        data = data_key.encode("utf-8")
+        return await self._fenced(key, owner, token, data, delete(data), lambda kv: kv is None)
 
     async def get_value(self, data_key: str) -> bytes | None:
         """The value of the etcd key ``data_key`` (as written by a fenced put)."""
@@ -324,18 +333,60 @@ class EtcdBackend:
         kv = await self._client.range(data_key.encode("utf-8"))
         return None if kv is None else kv.value
 
-    async def _fenced(self, key: str, owner: str, token: int, op: pb.RequestOp) -> bool:
-        """Apply ``op`` only if the tenure ``token`` still holds ``key``, in one transaction.
+    async def _fenced(
+        self,
+        key: str,
+        owner: str,
+        token: int,
+        data_key: bytes,
+        op: pb.RequestOp,
+        shows_op: Callable[[pb.KeyValue | None], bool],
+    ) -> bool:
+        """Apply ``op`` to ``data_key`` only if the tenure ``token`` still holds ``key``.
 
-        Its outcome is unknown if etcd does not answer: that surfaces as
-        BackendUnavailable, never as a retry that could apply it twice.
+        Each attempt also compares ``data_key``'s mod_revision as read just before, so
+        when etcd's answer is lost the same transaction can be sent again and lands at
+        most once. A copy that then fails shows why: ``data_key`` unchanged means the
+        fence refused it; changed into what ``op`` makes of it (``shows_op``), one copy
+        of ours landed. Changed otherwise, another writer came first: try again,
+        unless a copy of ours may have landed under that write (BackendUnavailable).
         """
         check_lease_call(key, owner)
         self._client.check_open()
         lease_key = self.etcd_key(key)
-        txn = Txn.when(mod_revision_is(lease_key, token), value_is(lease_key, owner.encode()))
-        response = await self._client.txn(txn.then(op).request)
-        return response.succeeded
+        fence = (mod_revision_is(lease_key, token), value_is(lease_key, owner.encode("utf-8")))
+        while True:
+            before = await self._client.range(data_key)
+            read = 0 if before is None else before.mod_revision
+            txn = (
+                Txn.when(*fence, mod_revision_is(data_key, read)).then(op).otherwise(get(data_key))
+            )
+            response, answers_lost = await self._send_copies(txn)
+            if response.succeeded:
+                return True
+            now = first_kv(response)
+            if (0 if now is None else now.mod_revision) == read:
+                return False  # the fence refused it
+            if answers_lost:
+                if shows_op(now):
+                    return True
+                raise BackendUnavailable(
+                    f"etcd: the answer to a fenced write of {data_key!r} was lost and "
+                    "another write to it followed: whether ours applied is unknown"
+                )
+
+    async def _send_copies(self, txn: Txn) -> tuple[pb.TxnResponse, bool]:
+        """Send ``txn`` until a copy is answered; the answer, and whether any was lost.
+
+        Only for transactions whose copies land at most once between them.
+        """
+        for attempt in range(_CAS_ATTEMPTS):
+            try:
+                return await self._client.txn(txn.request), attempt > 0
+            except BackendUnavailable:
+                if attempt == _CAS_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     # How each step becomes etcd calls.
 
@@ -370,13 +421,8 @@ class EtcdBackend:
         compare the same thing, land at most once between them; the answer to the
         last copy tells whether one did (our lease is on the key) or not.
         """
-        for attempt in range(_CAS_ATTEMPTS):
-            try:
-                return first_kv(await self._client.txn(txn.request))
-            except BackendUnavailable:
-                if attempt == _CAS_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+        response, _ = await self._send_copies(txn)
+        return first_kv(response)
 
     async def _refresh(
         self, etcd_key: bytes, value: bytes, ttl_ms: int, kv: pb.KeyValue

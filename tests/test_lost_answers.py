@@ -1,0 +1,142 @@
+"""Writes that etcd applies but whose answer never comes back (issue 6, section 3).
+
+``lose_answers`` lets the next transactions reach etcd and be applied for real, then
+throws their answers away as a deadline that passed would: the caller cannot tell
+whether they landed. Every call must still report the truth, with no double owner,
+no false loss and no leaked lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+import grpc.aio
+import pytest
+from google.protobuf.message import Message
+
+from etcd_leases import EtcdLeaseProvider
+from etcd_leases.etcd.client import EtcdClient
+
+LoseAnswers = Callable[[int], None]
+
+
+@pytest.fixture
+def lose_answers(etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch) -> LoseAnswers:
+    """``lose_answers(n)``: the next ``n`` transactions apply, but their answers are lost."""
+    client: EtcdClient = etcd_provider.client
+    original = client._attempt_once
+    to_lose = [0]
+
+    async def attempt(
+        index: int, path: str, request: Message, response_type: type[Message], deadline_s: float
+    ) -> Message:
+        response = await original(index, path, request, response_type, deadline_s)
+        if path.endswith("/Txn") and to_lose[0] > 0:
+            to_lose[0] -= 1
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                details="the answer was lost (test)",
+            )
+        return response
+
+    monkeypatch.setattr(client, "_attempt_once", attempt)
+
+    def lose(count: int) -> None:
+        to_lose[0] = count
+
+    return lose
+
+
+async def lease_of(provider: EtcdLeaseProvider, key: str) -> int:
+    kv = await provider.client.range(provider.etcd_key(key))
+    assert kv is not None
+    return kv.lease
+
+
+async def assert_revoked(provider: EtcdLeaseProvider, lease_id: int) -> None:
+    assert (await provider.client.time_to_live(lease_id)).TTL == -1, "a lease leaked"
+
+
+async def test_acquire(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers) -> None:
+    p = etcd_provider
+    before = set(await p.client.leases())
+    lose_answers(2)
+    result = await p.acquire_lease("k", "alice", 5000)
+    kv = await p.client.range(p.etcd_key("k"))
+    assert result.acquired and kv is not None and result.token == kv.mod_revision
+    assert kv.version == 1  # created once
+    assert set(await p.client.leases()) - before == {kv.lease}  # none leaked
+    assert (await p.acquire_lease("k", "bob", 5000)).owner == "alice"
+
+
+async def test_release(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers) -> None:
+    p = etcd_provider
+    await p.acquire_lease("k", "alice", 5000)
+    lease = await lease_of(p, "k")
+    lose_answers(1)
+    await p.release_lease("k", "alice")
+    assert await p.get_lease_owner("k") is None
+    await assert_revoked(p, lease)
+
+
+async def test_renew_with_another_ttl(
+    etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers
+) -> None:
+    p = etcd_provider
+    await p.acquire_lease("k", "alice", 5000)
+    old = await lease_of(p, "k")
+    lose_answers(1)
+    assert await p.renew_lease("k", "alice", 8000)  # moves the tenure to a new lease
+    new = await lease_of(p, "k")
+    assert new != old and (await p.client.time_to_live(new)).grantedTTL == 8
+    await assert_revoked(p, old)
+
+
+async def test_transfer(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers) -> None:
+    p = etcd_provider
+    await p.acquire_lease("k", "alice", 5000)
+    old = await lease_of(p, "k")
+    lose_answers(2)
+    assert await p.transfer_lease("k", "alice", "bob", 5000)
+    assert await p.get_lease_owner("k") == "bob"
+    await assert_revoked(p, old)
+    assert not await p.transfer_lease("k", "alice", "carol", 5000)
+
+
+async def test_fenced_put(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers) -> None:
+    """It raised BackendUnavailable though it had applied; now it says True, applied once."""
+    p = etcd_provider
+    result = await p.acquire_lease("k", "alice", 5000)
+    assert result.token is not None
+    data = p.prefix + "data"
+    lose_answers(2)
+    assert await p.put_fenced("k", "alice", result.token, data, b"v1")
+    kv = await p.client.range(data.encode())
+    assert kv is not None and kv.value == b"v1" and kv.version == 1  # landed once
+
+
+async def test_fenced_delete(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers) -> None:
+    p = etcd_provider
+    result = await p.acquire_lease("k", "alice", 5000)
+    assert result.token is not None
+    data = p.prefix + "data"
+    assert await p.put_fenced("k", "alice", result.token, data, b"v1")
+    lose_answers(1)
+    assert await p.delete_fenced("k", "alice", result.token, data)
+    assert await p.get_value(data) is None
+
+
+async def test_fenced_put_of_a_tenure_that_ended(
+    etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers
+) -> None:
+    """Refused by the fence, answer lost: reported not applied, and it did not apply."""
+    p = etcd_provider
+    result = await p.acquire_lease("k", "alice", 5000)
+    assert result.token is not None and await p.transfer_lease("k", "alice", "bob", 5000)
+    data = p.prefix + "data"
+    lose_answers(1)
+    assert not await p.put_fenced("k", "alice", result.token, data, b"stale")
+    assert await p.get_value(data) is None
