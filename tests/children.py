@@ -6,7 +6,9 @@ Each prints one line per event, flushed, for the parent to read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -60,11 +62,27 @@ async def candidate(endpoints: str, prefix: str, name: str) -> None:
         await Election(provider, "leader", name, 1000).run(lead, stopped)
 
 
+async def sigterm_leader(endpoints: str, prefix: str) -> None:
+    """Lead ``seat`` (30 s TTL) until SIGTERM, handing over on it as the README shows."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    async with EtcdLeaseProvider(endpoints, prefix=prefix) as provider:
+
+        async def lead(lease: HeldLease) -> None:
+            say("lead", lease.token)
+            await asyncio.Event().wait()
+
+        await Election(provider, "seat", "child", 30_000).run(lead)
+
+
 ROLES: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
     "holder": holder,
     "candidate": candidate,
+    "sigterm_leader": sigterm_leader,
 }
 
 if __name__ == "__main__":
     role, *args = sys.argv[1:]
-    asyncio.run(ROLES[role](*args))
+    with contextlib.suppress(asyncio.CancelledError):  # the SIGTERM handler's cancel
+        asyncio.run(ROLES[role](*args))

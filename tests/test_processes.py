@@ -170,3 +170,24 @@ async def test_five_thousand_leases_held_through_one_stream(etcd: EtcdCluster) -
             *(provider.get_lease_owner(lease.key) for lease in leases[::50])
         )
         assert set(owners) == {"me"}
+
+
+async def test_a_leader_stopped_with_sigterm_hands_over_at_once(etcd: EtcdCluster) -> None:
+    """As Kubernetes stops a pod: with the README's SIGTERM handler, the successor takes
+    the seat within moments, not after the 30 s TTL (issue 7: 9.8 s before)."""
+    prefix = unique_prefix()
+    with children(["sigterm_leader", etcd.endpoint_string, prefix]) as (child,):
+        assert (await read_line(child)).startswith("lead")
+        async with EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as provider:
+            successor = asyncio.create_task(_take(provider, "seat"))
+            await asyncio.sleep(0.2)  # waiting on the seat
+            child.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            took = await asyncio.wait_for(successor, 15) - signalled
+            print(f"successor took the seat {1000 * took:.0f} ms after SIGTERM (TTL 30 s)")
+        assert await asyncio.to_thread(child.wait, 10) == 0
+
+
+async def _take(provider: EtcdLeaseProvider, key: str) -> float:
+    async with provider.hold(key, "successor", 30_000, wait=True):
+        return time.monotonic()
