@@ -39,6 +39,7 @@ def lose_answers(etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPat
                 grpc.aio.Metadata(),
                 grpc.aio.Metadata(),
                 details="the answer was lost (test)",
+                debug_error_string="",
             )
         return response
 
