@@ -146,3 +146,24 @@ async def test_resign_from_outside_cancels_the_leadership_block(live: Live) -> N
     await alice.resign()
     with pytest.raises(LeaseLost):
         await asyncio.wait_for(task, 2)
+
+
+async def test_cancelling_run_gives_the_seat_back_at_once(live: Live) -> None:
+    """As client-go's ReleaseOnCancel: the next candidate leads within moments of the
+    leader's run() being cancelled, not a TTL (30 s) later."""
+    leading = asyncio.Event()
+
+    async def lead(lease: HeldLease) -> None:
+        leading.set()
+        await asyncio.Event().wait()
+
+    alice = asyncio.create_task(Election(live.provider, "seat", "alice", 30_000).run(lead))
+    await asyncio.wait_for(leading.wait(), 5)
+    bob = Election(live.another(), "seat", "bob", 30_000)
+    campaign = asyncio.create_task(bob.campaign())
+    await asyncio.sleep(0.1)  # bob is waiting for the seat
+    alice.cancel()
+    await asyncio.gather(alice, return_exceptions=True)
+    lease = await asyncio.wait_for(campaign, 10)  # far below the TTL
+    assert await bob.leader() == "bob" and not lease.lost.is_set()
+    await bob.resign()
