@@ -175,15 +175,7 @@ async def test_hold_block_end_marks_the_lease_lost(live: Live) -> None:
 async def test_cancelling_the_holding_task_gives_the_key_back_at_once(live: Live) -> None:
     """As client-go's ReleaseOnCancel: a successor waiting on the key takes it within
     moments of the holder's task being cancelled, not a TTL later."""
-    held = asyncio.Event()
-
-    async def work() -> None:
-        async with live.provider.hold("job", "alice", 30_000):
-            held.set()
-            await asyncio.Event().wait()
-
-    holder = asyncio.create_task(work())
-    await asyncio.wait_for(held.wait(), 5)
+    holder = await _holding_task(live, "job")
     successor = asyncio.create_task(_hold_once(live.another(), "job", "bob"))
     await asyncio.sleep(0.1)  # bob is waiting on the key
     cancelled_at = time.monotonic()
@@ -194,6 +186,20 @@ async def test_cancelling_the_holding_task_gives_the_key_back_at_once(live: Live
     assert took < 10  # the wait_for above bounds it; a TTL would be 30 s
 
 
+async def _holding_task(live: Live, key: str) -> asyncio.Task[None]:
+    """A task in which alice holds ``key`` (30 s TTL) until cancelled, once it holds it."""
+    held = asyncio.Event()
+
+    async def work() -> None:
+        async with live.provider.hold(key, "alice", 30_000):
+            held.set()
+            await asyncio.Event().wait()
+
+    holder = asyncio.create_task(work())
+    await asyncio.wait_for(held.wait(), 5)
+    return holder
+
+
 async def _hold_once(provider: object, key: str, owner: str) -> float:
     """Wait for ``key`` and take it; when it was taken."""
     async with hold(provider, key, owner, 30_000, wait=True):
@@ -202,15 +208,7 @@ async def _hold_once(provider: object, key: str, owner: str) -> float:
 
 async def test_cancelling_twice_still_gives_the_key_back(live: Live) -> None:
     """A shutdown may cancel again while the release is under way (asyncio.run does)."""
-    held = asyncio.Event()
-
-    async def work() -> None:
-        async with live.provider.hold("job", "alice", 30_000):
-            held.set()
-            await asyncio.Event().wait()
-
-    holder = asyncio.create_task(work())
-    await asyncio.wait_for(held.wait(), 5)
+    holder = await _holding_task(live, "job")
     holder.cancel()
     await asyncio.sleep(0)  # the release has started
     holder.cancel()

@@ -25,7 +25,7 @@ LoseAnswers = Callable[[int], None]
 def lose_answers(etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch) -> LoseAnswers:
     """``lose_answers(n)``: the next ``n`` transactions apply, but their answers are lost."""
     client: EtcdClient = etcd_provider.client
-    original = client._attempt_once
+    original = client._attempt
     to_lose = [0]
 
     async def attempt(
@@ -43,7 +43,7 @@ def lose_answers(etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPat
             )
         return response
 
-    monkeypatch.setattr(client, "_attempt_once", attempt)
+    monkeypatch.setattr(client, "_attempt", attempt)
 
     def lose(count: int) -> None:
         to_lose[0] = count

@@ -314,39 +314,28 @@ class EtcdClient:
         deadline_s: float,
     ) -> ResponseT:
         """One attempt on endpoint ``index``; it becomes the preferred one if it answers."""
-        try:
-            response = await self._attempt_once(index, path, request, response_type, deadline_s)
-        except asyncio.CancelledError as exc:
-            if closed := self.closed_under(exc):
-                raise closed from None
-            raise
-        self.answered(index)
-        return response
-
-    async def _attempt_once(
-        self,
-        index: int,
-        path: str,
-        request: Message,
-        response_type: type[ResponseT],
-        deadline_s: float,
-    ) -> ResponseT:
         call = self.channel(index).unary_unary(
             path,
             request_serializer=type(request).SerializeToString,
             response_deserializer=response_type.FromString,
         )
-        for _ in range(2):
-            try:
-                response: ResponseT = await call(
-                    request, timeout=deadline_s, metadata=await self.metadata(index)
-                )
-                return response
-            except grpc.aio.AioRpcError as exc:
-                # etcd's simple tokens expire: log in again and replay, once.
-                if self._username is None or _INVALID_TOKEN not in _details(exc):
-                    raise
-                self.invalidate_token(index)
+        try:
+            for _ in range(2):
+                try:
+                    response: ResponseT = await call(
+                        request, timeout=deadline_s, metadata=await self.metadata(index)
+                    )
+                    self.answered(index)
+                    return response
+                except grpc.aio.AioRpcError as exc:
+                    # etcd's simple tokens expire: log in again and replay, once.
+                    if self._username is None or _INVALID_TOKEN not in _details(exc):
+                        raise
+                    self.invalidate_token(index)
+        except asyncio.CancelledError as exc:
+            if closed := self.closed_under(exc):
+                raise closed from None
+            raise
         raise PermissionDenied("etcd: the auth token was refused right after logging in")
 
     def _retrying(self) -> AsyncRetrying:
