@@ -347,9 +347,10 @@ class EtcdBackend:
         Each attempt also compares ``data_key``'s mod_revision as read just before, so
         when etcd's answer is lost the same transaction can be sent again and lands at
         most once. A copy that then fails shows why: ``data_key`` unchanged means the
-        fence refused it; changed into what ``op`` makes of it (``shows_op``), one copy
-        of ours landed. Changed otherwise, another writer came first: try again,
-        unless a copy of ours may have landed under that write (BackendUnavailable).
+        fence refused it; changed into what ``op`` makes of it (``shows_op``), a copy
+        of ours landed (or a write with the same effect, which is as good). Changed
+        otherwise, another writer came first: try again, unless a copy of ours may
+        have landed under that write (then BackendUnavailable: the outcome is unknown).
         """
         check_lease_call(key, owner)
         self._client.check_open()
