@@ -149,7 +149,9 @@ class Election:
         ``on_new_leader(leader)`` hears of every change of leader (``None``: empty
         seat). After a loss the candidate campaigns again. ``run`` returns when
         ``on_started_leading`` returns, or once ``stop`` is set (ending the current
-        term or campaign); cancelling it works too.
+        term or campaign); cancelling it ends it too, giving the seat back at once
+        (as client-go's ``ReleaseOnCancel``). While etcd is unreachable it keeps
+        campaigning and logs a warning every few seconds.
         """
         stop = stop or asyncio.Event()
         observer = asyncio.get_running_loop().create_task(self._report_leaders(on_new_leader))

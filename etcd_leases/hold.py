@@ -249,7 +249,8 @@ async def hold(
     ``wait=False`` raises :class:`LeaseHeld` naming the holder if the key is taken;
     ``wait=True`` (or a number of seconds) waits for the key, watching it, and takes
     it as soon as it is free. Inside, ``lease.lost`` is set and ``lease.check()``
-    raises the moment the tenure ends.
+    raises the moment the tenure ends. Cancelling the task gives the key back at once
+    (as client-go's ``ReleaseOnCancel``).
     """
     holding = _holding(provider)
     held = await _acquire(holding, key, owner, ttl_ms, _wait_seconds(wait))
