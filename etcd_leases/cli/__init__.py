@@ -1,0 +1,64 @@
+"""The ``etcd-leases`` command: the lease contract, inspection and supervision from a shell.
+
+One module per group of commands (:mod:`contract`, :mod:`listing`, :mod:`run`,
+:mod:`elect`, :mod:`server`, :mod:`demo`); :mod:`options` holds the connection
+flags, :mod:`output` the text and ``--json`` output, :mod:`exits` the exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from etcd_leases.cli import contract, demo, elect, exits, listing, run, server
+from etcd_leases.cli.options import Commands, add_connection_flags
+from etcd_leases.cli.output import Output
+
+_EPILOG = """exit codes: 0 yes/done, 1 no (held, not the owner, free), 2 usage,
+3 etcd unavailable, 4 permission denied, 5 other error; run and elect: the command's.
+Connection flags may also be given as ETCDCTL_ENDPOINTS, ETCDCTL_CACERT, ETCDCTL_CERT,
+ETCDCTL_KEY, ETCDCTL_USER, ETCDCTL_COMMAND_TIMEOUT and ETCD_LEASES_PREFIX."""
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="etcd-leases",
+        description="One owner per key, on etcd: leases, fencing tokens, leader election.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    add_connection_flags(common)
+    common.add_argument("--json", action="store_true", help="print JSON for scripts")
+    common.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="library log messages on stderr (warning)",
+    )
+    commands = top.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
+    for group in (contract, listing, run, elect, server, demo):
+        group.add_commands(Commands(commands, common))
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv``; the exit code (see :mod:`etcd_leases.cli.exits`)."""
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    try:
+        code: int = asyncio.run(args.handler(args, Output(args.json)))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        return exits.fail(exc)
+    return code
+
+
+def entry_point() -> None:
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The contract from the shell: ``acquire``, ``owner``, ``renew``, ``release``, ``transfer``.
+
+Each is one call of the lease contract; the exit code says how it went (0 yes,
+1 no), so a script can branch on it::
+
+    if etcd-leases acquire job:42 "$HOSTNAME" --ttl 30s; then ...; fi
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from etcd_leases.cli import exits
+from etcd_leases.cli.options import Commands, open_provider, ttl_ms
+from etcd_leases.cli.output import Output, escape
+
+
+def add_commands(commands: Commands) -> None:
+    acquire = commands.add_parser("acquire", help="take KEY for OWNER if it is free (exit 1: held)")
+    acquire.add_argument("key")
+    acquire.add_argument("owner")
+    acquire.set_defaults(handler=_acquire)
+
+    owner = commands.add_parser("owner", help="print who holds KEY (exit 1: nobody)")
+    owner.add_argument("key")
+    owner.set_defaults(handler=_owner)
+
+    renew = commands.add_parser("renew", help="reset KEY's TTL if OWNER holds it (exit 1: not)")
+    renew.add_argument("key")
+    renew.add_argument("owner")
+    renew.set_defaults(handler=_renew)
+
+    release = commands.add_parser("release", help="free KEY if OWNER holds it (else nothing)")
+    release.add_argument("key")
+    release.add_argument("owner")
+    release.set_defaults(handler=_release)
+
+    transfer = commands.add_parser(
+        "transfer", help="hand KEY from FROM to TO atomically (exit 1: FROM does not hold it)"
+    )
+    transfer.add_argument("key")
+    transfer.add_argument("from_owner", metavar="from")
+    transfer.add_argument("to_owner", metavar="to")
+    transfer.set_defaults(handler=_transfer)
+
+    for parser in (acquire, renew, transfer):
+        parser.add_argument("--ttl", type=ttl_ms, default=15_000, help="lease TTL (15s)")
+
+
+async def _acquire(args: argparse.Namespace, out: Output) -> int:
+    async with open_provider(args) as provider:
+        result = await provider.acquire_lease(args.key, args.owner, args.ttl)
+    key = escape(args.key)
+    if result.acquired:
+        text = (
+            f"{key}: acquired by {escape(args.owner)}, token {result.token}, ttl {result.ttl_ms} ms"
+        )
+    else:
+        text = f"{key}: held by {escape(result.owner or '?')}"
+    out.result(
+        text,
+        key=args.key,
+        acquired=result.acquired,
+        owner=result.owner,
+        token=result.token,
+        ttl_ms=result.ttl_ms,
+    )
+    return exits.OK if result.acquired else exits.NO
+
+
+async def _owner(args: argparse.Namespace, out: Output) -> int:
+    async with open_provider(args) as provider:
+        owner = await provider.get_lease_owner(args.key)
+    out.result(escape(owner) if owner is not None else "", key=args.key, owner=owner)
+    return exits.OK if owner is not None else exits.NO
+
+
+async def _renew(args: argparse.Namespace, out: Output) -> int:
+    async with open_provider(args) as provider:
+        renewed = await provider.renew_lease(args.key, args.owner, args.ttl)
+    text = f"{escape(args.key)}: " + ("renewed" if renewed else f"not held by {escape(args.owner)}")
+    out.result(text, key=args.key, owner=args.owner, renewed=renewed)
+    return exits.OK if renewed else exits.NO
+
+
+async def _release(args: argparse.Namespace, out: Output) -> int:
+    async with open_provider(args) as provider:
+        await provider.release_lease(args.key, args.owner)
+    # The contract's release is silent: "released" means nobody holds it for OWNER now.
+    out.result(f"{escape(args.key)}: released by {escape(args.owner)}", key=args.key)
+    return exits.OK
+
+
+async def _transfer(args: argparse.Namespace, out: Output) -> int:
+    async with open_provider(args) as provider:
+        moved = await provider.transfer_lease(args.key, args.from_owner, args.to_owner, args.ttl)
+    key, to_owner = escape(args.key), escape(args.to_owner)
+    text = (
+        f"{key}: now held by {to_owner}"
+        if moved
+        else f"{key}: not held by {escape(args.from_owner)}"
+    )
+    out.result(text, key=args.key, transferred=moved, owner=args.to_owner if moved else None)
+    return exits.OK if moved else exits.NO

@@ -1,0 +1,155 @@
+"""What ``run`` and ``elect`` share: the command they supervise, signals, metrics.
+
+The command runs as a child process with the tenure in its environment
+(``ETCD_LEASES_KEY``, ``ETCD_LEASES_OWNER``, ``ETCD_LEASES_TOKEN``,
+``ETCD_LEASES_TTL_MS``, plus ``ETCDCTL_ENDPOINTS`` and ``ETCD_LEASES_PREFIX`` so it can
+fence its own writes). It is stopped with SIGTERM, then SIGKILL after ``--grace``.
+SIGTERM and SIGINT to ``etcd-leases`` itself do not kill it: they set a stop event,
+so the lease is given back once the command is down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from etcd_leases.cli.exits import UsageError, signal_code
+from etcd_leases.cli.options import duration
+from etcd_leases.contract import HoldingProvider
+from etcd_leases.hold import HeldLease
+from etcd_leases.providers import EtcdLeaseProvider
+
+T = TypeVar("T")
+
+
+def add_supervision_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--grace", type=duration, default=10.0, help="SIGTERM to SIGKILL, when stopping CMD (10s)"
+    )
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--metrics-address", default="127.0.0.1", help="address to serve metrics on (127.0.0.1)"
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
+
+
+def command_of(args: argparse.Namespace) -> list[str]:
+    command: list[str] = args.command
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("give the command to run after --, e.g. -- sleep 60")
+    return command
+
+
+def default_owner() -> str:
+    """``host-pid``: unique per process, and says where to look."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def metered(provider: EtcdLeaseProvider, args: argparse.Namespace) -> HoldingProvider:
+    """``provider``, counted and served over HTTP when ``--metrics-port`` is given."""
+    if args.metrics_port is None:
+        return provider
+    try:
+        import prometheus_client
+
+        from etcd_leases.metrics import MeteredProvider
+    except ImportError:
+        raise UsageError(
+            "--metrics-port needs prometheus-client: pip install 'etcd-leases[metrics]'"
+        ) from None
+    prometheus_client.start_http_server(args.metrics_port, args.metrics_address)
+    return MeteredProvider(provider)
+
+
+def lease_env(provider: EtcdLeaseProvider, lease: HeldLease) -> dict[str, str]:
+    return {
+        **os.environ,
+        "ETCD_LEASES_KEY": lease.key,
+        "ETCD_LEASES_OWNER": lease.owner,
+        "ETCD_LEASES_TOKEN": str(lease.token),
+        "ETCD_LEASES_TTL_MS": str(lease.ttl_ms),
+        "ETCDCTL_ENDPOINTS": ",".join(provider.client.endpoints),
+        "ETCD_LEASES_PREFIX": provider.prefix,
+    }
+
+
+class StopSignals:
+    """SIGTERM and SIGINT set ``event`` (and ``signal``) instead of killing us."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.signal: int | None = None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._received, sig)
+
+    def _received(self, sig: int) -> None:
+        if self.signal is None:
+            self.signal = sig
+        self.event.set()
+
+    def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def until_stopped(stop: asyncio.Event, awaitable: asyncio.Future[T]) -> T | None:
+    """``awaitable``'s result, or ``None`` (it cancelled) if ``stop`` is set first."""
+    stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([awaitable, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if awaitable.done():
+        return awaitable.result()
+    awaitable.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await awaitable
+    return None
+
+
+class Child:
+    """The supervised command."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(cls, command: Sequence[str], env: dict[str, str]) -> Child:
+        try:
+            process = await asyncio.create_subprocess_exec(*command, env=env)
+        except FileNotFoundError:
+            raise UsageError(f"command not found: {command[0]}") from None
+        except PermissionError:
+            raise UsageError(f"command not executable: {command[0]}") from None
+        return cls(process)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def wait(self) -> int:
+        """Its exit code, as a shell reports it (128+N when killed by signal N)."""
+        return signal_code(await self.process.wait())
+
+    async def stop(self, grace: float, sig: int = signal.SIGTERM) -> int:
+        """Send ``sig``, then SIGKILL after ``grace`` seconds; its exit code."""
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(sig)
+            try:
+                async with asyncio.timeout(grace):
+                    return await self.wait()
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.kill()
+        return await self.wait()
