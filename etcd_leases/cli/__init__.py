@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from etcd_leases.cli import contract, demo, elect, exits, listing, run, server
 from etcd_leases.cli.options import Commands, add_connection_flags
 from etcd_leases.cli.output import Output
+from etcd_leases.cli.supervise import split_command
 
 _EPILOG = """exit codes: 0 yes/done, 1 no (held, not the owner, free), 2 usage,
 3 etcd unavailable, 4 permission denied, 5 other error; run and elect: the command's.
@@ -39,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="library log messages on stderr (warning)",
     )
-    commands = top.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
+    commands = top.add_subparsers(metavar="COMMAND", required=True)
     for group in (contract, listing, run, elect, server, demo):
         group.add_commands(Commands(commands, common))
     return top
@@ -47,7 +48,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv``; the exit code (see :mod:`etcd_leases.cli.exits`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if argv and argv[0] in ("run", "elect"):
+        # Everything after "--" is the command, even words that look like our flags.
+        argv, command = split_command(argv)
     args = parser().parse_args(argv)
+    args.command = command
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )

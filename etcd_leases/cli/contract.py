@@ -71,7 +71,10 @@ async def _acquire(args: argparse.Namespace, out: Output) -> int:
 async def _owner(args: argparse.Namespace, out: Output) -> int:
     async with open_provider(args) as provider:
         owner = await provider.get_lease_owner(args.key)
-    out.result(escape(owner) if owner is not None else "", key=args.key, owner=owner)
+    if owner is None and not out.as_json:
+        out.note(f"{escape(args.key)}: nobody holds it")
+    else:
+        out.result(escape(owner or ""), key=args.key, owner=owner)
     return exits.OK if owner is not None else exits.NO
 
 

@@ -23,7 +23,7 @@ def add_commands(commands: Commands) -> None:
 
 async def _list(args: argparse.Namespace, out: Output) -> int:
     async with open_provider(args) as provider:
-        owners = await list_owners(provider.client, provider.etcd_key(args.key_prefix))
+        owners = await list_owners(provider.client, provider.etcd_key(""), args.key_prefix.encode())
     rows = [
         [
             escape(o.key),
@@ -40,9 +40,9 @@ async def _list(args: argparse.Namespace, out: Output) -> int:
 
 async def _watch(args: argparse.Namespace, out: Output) -> int:
     async with open_provider(args) as provider:
-        prefix = provider.etcd_key(args.key_prefix)
-        out.note(f"watching {escape(prefix.decode('utf-8', 'replace'))}* (Ctrl-C to stop)")
-        async with aclosing(watch_owners(provider.client, prefix)) as changes:
+        out.note(f"watching {escape(provider.prefix + args.key_prefix)}* (Ctrl-C to stop)")
+        changes = watch_owners(provider.client, provider.etcd_key(""), args.key_prefix.encode())
+        async with aclosing(changes):
             async for change in changes:
                 key = escape(change.key)
                 text = (

@@ -46,9 +46,11 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--endpoints", help=f"comma-separated host:port (default {DEFAULT_ENDPOINTS})"
     )
-    group.add_argument("--cacert", help="CA bundle of the etcd servers (PEM); implies TLS")
-    group.add_argument("--cert", help="client certificate (PEM)")
-    group.add_argument("--key", help="client key (PEM)")
+    group.add_argument(
+        "--cacert", dest="tls_cacert", help="CA bundle of the etcd servers (PEM); implies TLS"
+    )
+    group.add_argument("--cert", dest="tls_cert", help="client certificate (PEM)")
+    group.add_argument("--key", dest="tls_key", help="client key (PEM)")
     group.add_argument("--user", help="etcd user as name:password")
     group.add_argument("--prefix", help=f"where the lease keys live (default {DEFAULT_PREFIX})")
     group.add_argument(
@@ -126,7 +128,7 @@ def open_provider(args: argparse.Namespace, **overrides: str) -> EtcdLeaseProvid
         timeout=5.0 if timeout is None else timeout,
         username=username,
         password=password,
-        ca_cert=_setting(args, "cacert", "ETCDCTL_CACERT"),
-        cert=_setting(args, "cert", "ETCDCTL_CERT"),
-        key=_setting(args, "key", "ETCDCTL_KEY"),
+        ca_cert=_setting(args, "tls_cacert", "ETCDCTL_CACERT"),
+        cert=_setting(args, "tls_cert", "ETCDCTL_CERT"),
+        key=_setting(args, "tls_key", "ETCDCTL_KEY"),
     )

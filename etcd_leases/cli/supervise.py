@@ -36,13 +36,19 @@ def add_supervision_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-address", default="127.0.0.1", help="address to serve metrics on (127.0.0.1)"
     )
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
+    parser.epilog = "The command to run follows the options, after --: ... -- CMD [ARG...]"
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``run``/``elect`` flags, and the command after the first ``--``."""
+    if "--" not in argv:
+        return argv, []
+    at = argv.index("--")
+    return argv[:at], argv[at + 1 :]
 
 
 def command_of(args: argparse.Namespace) -> list[str]:
     command: list[str] = args.command
-    if command and command[0] == "--":
-        command = command[1:]
     if not command:
         raise UsageError("give the command to run after --, e.g. -- sleep 60")
     return command

@@ -41,17 +41,23 @@ def _owner(prefix: bytes, kv: pb.KeyValue) -> KeyOwner:
     return KeyOwner(key, kv.value.decode("utf-8", errors="replace"), kv.mod_revision)
 
 
-async def read_prefix(client: EtcdClient, prefix: bytes) -> tuple[dict[str, KeyOwner], int]:
-    """Every key under ``prefix``, linearizably, and the revision of the read."""
-    request = pb.RangeRequest(key=prefix, range_end=prefix_end(prefix))
+def _range(prefix: bytes, start: bytes) -> pb.RangeRequest:
+    return pb.RangeRequest(key=prefix + start, range_end=prefix_end(prefix + start))
+
+
+async def read_prefix(
+    client: EtcdClient, prefix: bytes, start: bytes = b""
+) -> tuple[dict[str, KeyOwner], int]:
+    """Every key under ``prefix`` starting with ``start``, and the revision of the read."""
+    request = _range(prefix, start)
     response = await client.call("/etcdserverpb.KV/Range", request, pb.RangeResponse)
     owners = {owner.key: owner for owner in (_owner(prefix, kv) for kv in response.kvs)}
     return owners, response.header.revision
 
 
-async def list_owners(client: EtcdClient, prefix: bytes) -> list[KeyOwner]:
-    """Every key under ``prefix`` with its lease's time left, sorted by key."""
-    request = pb.RangeRequest(key=prefix, range_end=prefix_end(prefix))
+async def list_owners(client: EtcdClient, prefix: bytes, start: bytes = b"") -> list[KeyOwner]:
+    """Every key under ``prefix`` starting with ``start``, with its lease's time left."""
+    request = _range(prefix, start)
     response = await client.call("/etcdserverpb.KV/Range", request, pb.RangeResponse)
 
     async def with_ttl(kv: pb.KeyValue) -> KeyOwner:
@@ -64,12 +70,14 @@ async def list_owners(client: EtcdClient, prefix: bytes) -> list[KeyOwner]:
     return sorted(await asyncio.gather(*map(with_ttl, response.kvs)), key=lambda o: o.key)
 
 
-async def watch_owners(client: EtcdClient, prefix: bytes) -> AsyncGenerator[KeyOwner, None]:
-    """Each change of owner under ``prefix`` from now on, as it happens, for ever."""
-    known, revision = await read_prefix(client, prefix)
+async def watch_owners(
+    client: EtcdClient, prefix: bytes, start: bytes = b""
+) -> AsyncGenerator[KeyOwner, None]:
+    """Each change of owner under ``prefix`` (keys starting with ``start``), for ever."""
+    known, revision = await read_prefix(client, prefix, start)
     while True:
         try:
-            async with aclosing(_events(client, prefix, revision + 1)) as events:
+            async with aclosing(_events(client, _range(prefix, start), revision + 1)) as events:
                 async for event in events:
                     change = _owner(prefix, event.kv)
                     if event.type == pb.Event.DELETE:
@@ -85,7 +93,7 @@ async def watch_owners(client: EtcdClient, prefix: bytes) -> AsyncGenerator[KeyO
             client.rotate()
             await asyncio.sleep(_RETRY_S)
         # Broken or compacted: catch up from a fresh read, reporting the differences.
-        now, revision = await read_prefix(client, prefix)
+        now, revision = await read_prefix(client, prefix, start)
         for key in sorted(known.keys() | now.keys()):
             before, after = known.get(key), now.get(key)
             if before != after:
@@ -94,12 +102,12 @@ async def watch_owners(client: EtcdClient, prefix: bytes) -> AsyncGenerator[KeyO
 
 
 async def _events(
-    client: EtcdClient, prefix: bytes, start_revision: int
+    client: EtcdClient, keys: pb.RangeRequest, start_revision: int
 ) -> AsyncGenerator[pb.Event, None]:
     """Events of one watch stream; returns when history was compacted, raises if it breaks."""
     call = client.watch_stream(await client.metadata())
     create = pb.WatchCreateRequest(
-        key=prefix, range_end=prefix_end(prefix), start_revision=start_revision
+        key=keys.key, range_end=keys.range_end, start_revision=start_revision
     )
     try:
         await call.write(pb.WatchRequest(create_request=create))
