@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -58,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    # SIGTERM unwinds like Ctrl-C, so what a command started (etcd members, leases) is
+    # cleaned up; run, elect and server handle both signals themselves.
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         code: int = asyncio.run(args.handler(args, Output(args.json)))
     except KeyboardInterrupt:
@@ -65,6 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         return exits.fail(exc)
     return code
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def entry_point() -> None:

@@ -60,6 +60,15 @@ async def _demo(args: argparse.Namespace, out: Output) -> int:
     return exits.OK
 
 
+class DemoFailed(Exception):
+    """Something the demo shows did not happen as it should."""
+
+
+def expect(condition: bool, failure: str) -> None:
+    if not condition:
+        raise DemoFailed(failure)
+
+
 class Demo:
     def __init__(
         self, args: argparse.Namespace, out: Output, prefix: str, cluster: EtcdCluster | None
@@ -76,7 +85,7 @@ class Demo:
                 await stack.enter_async_context(open_provider(self.args, prefix=self.prefix))
                 for _ in NAMES
             ]
-            stack.push_async_callback(self.clean_up, workers[0])
+            stack.push_async_callback(self.clean_up)
             self.say(
                 "start",
                 f"three workers, each with its own connection, keys under "
@@ -90,7 +99,7 @@ class Demo:
                 await self.elect(workers)
 
     async def route(self, workers: list[EtcdLeaseProvider]) -> None:
-        self.out.note("1. one owner per conversation thread")
+        self.out.heading("1. one owner per conversation thread")
         thread = "resource-1\0thread-42"  # Mastra's key shape: resourceId NUL threadId
         results = await asyncio.gather(
             *(w.acquire_lease(thread, n, TTL_MS) for w, n in zip(workers, NAMES, strict=True))
@@ -106,7 +115,7 @@ class Demo:
         await workers[NAMES.index(winner.owner or "")].release_lease(thread, winner.owner or "")
 
     async def fence(self, workers: list[EtcdLeaseProvider]) -> None:
-        self.out.note("2. a paused holder is fenced out")
+        self.out.heading("2. a paused holder is fenced out")
         a, b = workers[0], workers[1]
         first = await a.acquire_lease("job:7", "worker-a", TTL_MS)
         assert first.token is not None
@@ -141,7 +150,7 @@ class Demo:
             )
 
     async def hand_over(self, workers: list[EtcdLeaseProvider]) -> None:
-        self.out.note("3. an atomic hand-over")
+        self.out.heading("3. an atomic hand-over")
         b, c = workers[1], workers[2]
         async with b.hold("job:8", "worker-b", TTL_MS) as lease:
             started = time.monotonic()
@@ -157,7 +166,7 @@ class Demo:
                 )
 
     async def elect(self, workers: list[EtcdLeaseProvider]) -> None:
-        self.out.note("4. leader election: a crash, a resignation, an etcd member lost")
+        self.out.heading("4. leader election: a crash, a resignation, an etcd member lost")
         terms: asyncio.Queue[tuple[str, float]] = asyncio.Queue()
         stops = {name: asyncio.Event() for name in NAMES}
 
@@ -227,10 +236,11 @@ class Demo:
             unchanged=now == leader,
         )
 
-    async def clean_up(self, provider: EtcdLeaseProvider) -> None:
+    async def clean_up(self) -> None:
         """Revoke the leases left under our prefix (a crashed worker's) and delete it all."""
-        client, prefix = provider.client, self.prefix.encode()
-        if True:
+        prefix = self.prefix.encode()
+        async with open_provider(self.args, prefix=self.prefix) as provider:
+            client = provider.client
             request = pb.RangeRequest(key=prefix, range_end=prefix_end(prefix))
             response = await client.call("/etcdserverpb.KV/Range", request, pb.RangeResponse)
             for kv in response.kvs:

@@ -59,6 +59,11 @@ class Output:
         else:
             print(f"{clock()}  {text}", flush=True)
 
+    def heading(self, text: str) -> None:
+        """A section title of a narration, for people only."""
+        if not self.as_json:
+            print(f"\n{text}", flush=True)
+
     def note(self, text: str) -> None:
         """Progress for people, on stderr (kept out of JSON output)."""
         if not self.as_json:
