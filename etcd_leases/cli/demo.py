@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING
 
 from etcd_leases.cli import exits
 from etcd_leases.cli.options import Commands, endpoints_given, open_provider
@@ -29,7 +30,9 @@ from etcd_leases.etcd.client import prefix_end
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.hold import HeldLease
 from etcd_leases.providers import EtcdLeaseProvider
-from etcd_leases.testing import EtcdCluster
+
+if TYPE_CHECKING:
+    from etcd_leases.testing import EtcdCluster
 
 TTL_MS = 2000
 NAMES = ("worker-a", "worker-b", "worker-c")
@@ -48,6 +51,8 @@ async def _demo(args: argparse.Namespace, out: Output) -> int:
     if endpoints_given(args):
         await Demo(args, out, prefix, None).run()
         return exits.OK
+    from etcd_leases.testing import EtcdCluster  # only here: it is slow to import
+
     with EtcdCluster(3) as cluster:
         args.endpoints = cluster.endpoint_string
         out.event(

@@ -16,7 +16,7 @@ def add_commands(commands: Commands) -> None:
     listing.add_argument("key_prefix", nargs="?", default="", help="only keys starting so")
     listing.set_defaults(handler=_list)
 
-    watch = commands.add_parser("watch", help="print each change of owner as it happens")
+    watch = commands.add_parser("watch", help="print the owners, then each change as it happens")
     watch.add_argument("key_prefix", nargs="?", default="", help="only keys starting so")
     watch.set_defaults(handler=_watch)
 

@@ -13,7 +13,6 @@ from etcd_leases.cli import exits
 from etcd_leases.cli.options import Commands
 from etcd_leases.cli.output import Output
 from etcd_leases.cli.supervise import StopSignals
-from etcd_leases.testing import EtcdCluster
 
 
 def add_commands(commands: Commands) -> None:
@@ -25,6 +24,8 @@ def add_commands(commands: Commands) -> None:
 async def _server(args: argparse.Namespace, out: Output) -> int:
     if not 1 <= args.members <= 7:
         raise exits.UsageError("--members must be 1 to 7")
+    from etcd_leases.testing import EtcdCluster  # only here: it is slow to import
+
     with EtcdCluster(args.members) as cluster:
         stop = StopSignals()
         try:

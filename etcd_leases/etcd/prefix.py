@@ -73,8 +73,10 @@ async def list_owners(client: EtcdClient, prefix: bytes, start: bytes = b"") -> 
 async def watch_owners(
     client: EtcdClient, prefix: bytes, start: bytes = b""
 ) -> AsyncGenerator[KeyOwner, None]:
-    """Each change of owner under ``prefix`` (keys starting with ``start``), for ever."""
+    """The owners under ``prefix`` (keys starting with ``start``), then each change."""
     known, revision = await read_prefix(client, prefix, start)
+    for key in sorted(known):
+        yield known[key]
     while True:
         try:
             async with aclosing(_events(client, _range(prefix, start), revision + 1)) as events:
