@@ -122,8 +122,8 @@ def running(*commands: list[str], env: dict[str, str]) -> Iterator[list[Running]
         yield started
     finally:
         for proc in started:
-            children = proc.children()
-            proc.stop()
-            for child in children:
+            # Children first: one left running would hold the output pipe open.
+            for child in proc.children():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child, signal.SIGKILL)
+            proc.stop()

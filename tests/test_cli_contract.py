@@ -170,6 +170,7 @@ def test_permission_denied_exits_4(etcd_binary: str) -> None:
         ["owner", "k", "--cert", "/nonexistent/cert.pem"],
         ["run", "k"],
         ["elect", "e", "--"],
+        ["run", "k", "--", "no-such-command-here"],
     ],
 )
 def test_usage_errors_exit_2_without_a_traceback(args: list[str]) -> None:

@@ -14,8 +14,10 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
+import sys
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -51,6 +53,8 @@ def command_of(args: argparse.Namespace) -> list[str]:
     command: list[str] = args.command
     if not command:
         raise UsageError("give the command to run after --, e.g. -- sleep 60")
+    if shutil.which(command[0]) is None:
+        raise UsageError(f"command not found: {command[0]}")
     return command
 
 
@@ -123,6 +127,29 @@ async def until_stopped(stop: asyncio.Event, awaitable: asyncio.Future[T]) -> T 
     return None
 
 
+# Run in front of the command (then replaced by it, same pid) on Linux: the command
+# gets SIGKILL if etcd-leases dies, even by SIGKILL, rather than run on without the
+# lease while another process starts the same work. Done in a process of its own
+# because nothing but exec is safe in a fork of a process running gRPC threads.
+_DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(128 + signal.SIGKILL)  # etcd-leases died before prctl took effect
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    print(f"etcd-leases: {sys.argv[2]}: {exc.strerror}", file=sys.stderr)
+    sys.exit(127 if isinstance(exc, FileNotFoundError) else 126)
+"""
+
+
+def _wrapped(command: Sequence[str]) -> list[str]:
+    if sys.platform != "linux":
+        return list(command)
+    return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
+
+
 class Child:
     """The supervised command."""
 
@@ -131,13 +158,7 @@ class Child:
 
     @classmethod
     async def start(cls, command: Sequence[str], env: dict[str, str]) -> Child:
-        try:
-            process = await asyncio.create_subprocess_exec(*command, env=env)
-        except FileNotFoundError:
-            raise UsageError(f"command not found: {command[0]}") from None
-        except PermissionError:
-            raise UsageError(f"command not executable: {command[0]}") from None
-        return cls(process)
+        return cls(await asyncio.create_subprocess_exec(*_wrapped(command), env=env))
 
     @property
     def pid(self) -> int:
