@@ -59,6 +59,7 @@ async def _demo(args: argparse.Namespace, out: Output) -> int:
             "etcd",
             f"started a throwaway 3-member etcd at {args.endpoints}",
             endpoints=cluster.endpoints,
+            pids=[member.pid for member in cluster.members],
         )
         await Demo(args, out, prefix, cluster).run()
     out.event("etcd", "stopped the throwaway etcd and removed its data")
@@ -228,7 +229,7 @@ class Demo:
         member = await asyncio.to_thread(self.cluster.leader)
         member.kill()
         self.say(
-            "etcd",
+            "member_killed",
             f"killed etcd member {member.name}, the raft leader; waiting two TTLs",
             member=member.name,
         )
