@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -96,10 +96,13 @@ class LeaseMetrics:
 class MeteredKeeper:
     """A kept tenure, counted in ``leases_held`` until it ends, and as lost if not by us."""
 
-    def __init__(self, inner: Keeper, metrics: LeaseMetrics) -> None:
+    def __init__(self, inner: Keeper, metrics: LeaseMetrics, on_end: Callable[[], object]) -> None:
         self._inner = inner
         self._metrics = metrics
+        self._on_end = on_end
         self._ended = False
+        #: Set while its holder releases or hands it on: that ending is no loss.
+        self.ending_by_holder = False
         metrics.leases_held.inc()
         self._watch = asyncio.get_running_loop().create_task(self._count_loss())
 
@@ -116,15 +119,17 @@ class MeteredKeeper:
 
     def lose(self, reason: str) -> None:
         # The recipes call this when the holder ends the tenure (release, transfer).
-        self._end(lost=False)
+        self.ending_by_holder = True
+        self._end()
         self._inner.lose(reason)
 
-    def _end(self, *, lost: bool) -> None:
+    def _end(self) -> None:
         if self._ended:
             return
         self._ended = True
+        self._on_end()
         self._metrics.leases_held.dec()
-        if lost:
+        if not self.ending_by_holder:
             self._metrics.leases_lost.inc()
             if self._inner.lost_reason == DEADLINE_PASSED:
                 self._metrics.renewals_failed.inc()
@@ -132,9 +137,12 @@ class MeteredKeeper:
     async def _count_loss(self) -> None:
         try:
             await self._inner.lost.wait()
+        except asyncio.CancelledError:
+            # The event loop is ending, and the tenure with it.
+            self.ending_by_holder = True
+            raise
         finally:
-            # Cancelled only when the event loop ends: the tenure ends with it.
-            self._end(lost=self._inner.lost.is_set())
+            self._end()
 
 
 def _outcome(result: object) -> str:
@@ -151,6 +159,9 @@ class MeteredProvider(Holding):
     def __init__(self, provider: HoldingProvider, metrics: LeaseMetrics | None = None) -> None:
         self.provider = provider
         self.metrics = metrics or LeaseMetrics.default()
+        # The tenures kept through us, so a release or transfer by their holder,
+        # which the backend may report as a loss first, is not counted as one.
+        self._kept: dict[tuple[str, str], MeteredKeeper] = {}
 
     async def _measure(self, call: str, awaitable: Awaitable[T]) -> T:
         started = time.perf_counter()
@@ -173,15 +184,23 @@ class MeteredProvider(Holding):
         return await self._measure("get_owner", self.provider.get_lease_owner(key))
 
     async def release_lease(self, key: str, owner: str) -> None:
+        if (kept := self._kept.get((key, owner))) is not None:
+            kept.ending_by_holder = True
         await self._measure("release", self.provider.release_lease(key, owner))
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return await self._measure("renew", self.provider.renew_lease(key, owner, ttl_ms))
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        return await self._measure(
+        kept = self._kept.get((key, from_owner))
+        if kept is not None:
+            kept.ending_by_holder = True
+        moved = await self._measure(
             "transfer", self.provider.transfer_lease(key, from_owner, to_owner, ttl_ms)
         )
+        if kept is not None and not moved:
+            kept.ending_by_holder = False  # it was lost before: a loss after all
+        return moved
 
     async def watch_owner(self, key: str) -> AsyncGenerator[OwnerState, None]:
         async with aclosing(self.provider.watch_owner(key)) as states:
@@ -194,7 +213,9 @@ class MeteredProvider(Holding):
         keeper = await self._measure(
             "keep", self.provider.keep_lease(key, owner, token, ttl_ms, valid_until)
         )
-        return MeteredKeeper(keeper, self.metrics)
+        kept = MeteredKeeper(keeper, self.metrics, lambda: self._kept.pop((key, owner), None))
+        self._kept[(key, owner)] = kept
+        return kept
 
     async def put_fenced(
         self, key: str, owner: str, token: int, data_key: str, value: bytes
