@@ -96,7 +96,12 @@ class LeaseMetrics:
 class MeteredKeeper:
     """A kept tenure, counted in ``leases_held`` until it ends, and as lost if not by us."""
 
-    def __init__(self, inner: Keeper, metrics: LeaseMetrics, on_end: Callable[[], object]) -> None:
+    def __init__(
+        self,
+        inner: Keeper,
+        metrics: LeaseMetrics,
+        on_end: Callable[[MeteredKeeper], object],
+    ) -> None:
         self._inner = inner
         self._metrics = metrics
         self._on_end = on_end
@@ -127,7 +132,7 @@ class MeteredKeeper:
         if self._ended:
             return
         self._ended = True
-        self._on_end()
+        self._on_end(self)
         self._metrics.leases_held.dec()
         if not self.ending_by_holder:
             self._metrics.leases_lost.inc()
@@ -213,7 +218,12 @@ class MeteredProvider(Holding):
         keeper = await self._measure(
             "keep", self.provider.keep_lease(key, owner, token, ttl_ms, valid_until)
         )
-        kept = MeteredKeeper(keeper, self.metrics, lambda: self._kept.pop((key, owner), None))
+
+        def forget(ended: MeteredKeeper) -> None:
+            if self._kept.get((key, owner)) is ended:  # not a later tenure of the same pair
+                del self._kept[(key, owner)]
+
+        kept = MeteredKeeper(keeper, self.metrics, forget)
         self._kept[(key, owner)] = kept
         return kept
 
