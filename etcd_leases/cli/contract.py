@@ -16,35 +16,24 @@ from etcd_leases.cli.output import Output, escape
 
 
 def add_commands(commands: Commands) -> None:
-    acquire = commands.add_parser("acquire", help="take KEY for OWNER if it is free (exit 1: held)")
-    acquire.add_argument("key")
-    acquire.add_argument("owner")
-    acquire.set_defaults(handler=_acquire)
-
-    owner = commands.add_parser("owner", help="print who holds KEY (exit 1: nobody)")
-    owner.add_argument("key")
-    owner.set_defaults(handler=_owner)
-
-    renew = commands.add_parser("renew", help="reset KEY's TTL if OWNER holds it (exit 1: not)")
-    renew.add_argument("key")
-    renew.add_argument("owner")
-    renew.set_defaults(handler=_renew)
-
-    release = commands.add_parser("release", help="free KEY if OWNER holds it (else nothing)")
-    release.add_argument("key")
-    release.add_argument("owner")
-    release.set_defaults(handler=_release)
-
-    transfer = commands.add_parser(
-        "transfer", help="hand KEY from FROM to TO atomically (exit 1: FROM does not hold it)"
-    )
-    transfer.add_argument("key")
-    transfer.add_argument("from_owner", metavar="from")
-    transfer.add_argument("to_owner", metavar="to")
-    transfer.set_defaults(handler=_transfer)
-
-    for parser in (acquire, renew, transfer):
-        parser.add_argument("--ttl", type=ttl_ms, default=15_000, help="lease TTL (15s)")
+    for name, handler, positionals, help in (
+        ("acquire", _acquire, ("key", "owner"), "take KEY for OWNER if it is free (exit 1: held)"),
+        ("owner", _owner, ("key",), "print who holds KEY (exit 1: nobody)"),
+        ("renew", _renew, ("key", "owner"), "reset KEY's TTL if OWNER holds it (exit 1: not)"),
+        ("release", _release, ("key", "owner"), "free KEY if OWNER holds it (else nothing)"),
+        (
+            "transfer",
+            _transfer,
+            ("key", "from_owner", "to_owner"),
+            "hand KEY from FROM_OWNER to TO_OWNER atomically (exit 1: FROM_OWNER does not hold it)",
+        ),
+    ):
+        parser = commands.add_parser(name, help=help)
+        for positional in positionals:
+            parser.add_argument(positional)
+        if name in ("acquire", "renew", "transfer"):
+            parser.add_argument("--ttl", type=ttl_ms, default=15_000, help="lease TTL (15s)")
+        parser.set_defaults(handler=handler)
 
 
 async def _acquire(args: argparse.Namespace, out: Output) -> int:

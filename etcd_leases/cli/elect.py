@@ -13,18 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from etcd_leases.cli import exits
+from etcd_leases.cli import exits, supervise
 from etcd_leases.cli.options import Commands, open_provider, ttl_ms
 from etcd_leases.cli.output import Output, escape
-from etcd_leases.cli.supervise import (
-    Child,
-    StopSignals,
-    add_supervision_flags,
-    command_of,
-    default_owner,
-    lease_env,
-    metered,
-)
 from etcd_leases.election import Election
 from etcd_leases.hold import HeldLease
 
@@ -36,19 +27,17 @@ def add_commands(commands: Commands) -> None:
         "--id", help="this candidate's id (default: host-pid; in Kubernetes the pod name)"
     )
     elect.add_argument("--ttl", type=ttl_ms, default=15_000, help="leadership lease TTL (15s)")
-    add_supervision_flags(elect)
+    supervise.add_supervision_flags(elect)
     elect.set_defaults(handler=_elect)
 
 
 async def _elect(args: argparse.Namespace, out: Output) -> int:
-    command = command_of(args)
-    candidate = args.id or default_owner()
-    stop = StopSignals()
+    command = supervise.command_of(args)
+    candidate = args.id or supervise.default_owner()
     exit_code = exits.OK
-    try:
+    with supervise.StopSignals() as stop:
         async with open_provider(args) as provider:
-            holding = metered(provider, args)
-            metrics = getattr(holding, "metrics", None)
+            holding, metrics = supervise.metered(provider, args)
             election = Election(holding, args.name, candidate, args.ttl)
 
             def set_leading(leading: bool) -> None:
@@ -58,15 +47,16 @@ async def _elect(args: argparse.Namespace, out: Output) -> int:
             async def lead(lease: HeldLease) -> None:
                 nonlocal exit_code
                 set_leading(True)
-                child = await Child.start(command, lease_env(provider, lease))
-                out.event(
+                text = f"{escape(candidate)} leads {escape(args.name)}"
+                child = await supervise.start_command(
+                    command,
+                    provider,
+                    lease,
+                    out,
                     "leading",
-                    f"{escape(candidate)} leads {escape(args.name)} (token {lease.token}); "
-                    f"started {command[0]} (pid {child.pid})",
+                    text,
                     election=args.name,
                     leader=candidate,
-                    token=lease.token,
-                    pid=child.pid,
                 )
                 try:
                     exit_code = await child.wait()
@@ -86,6 +76,4 @@ async def _elect(args: argparse.Namespace, out: Output) -> int:
 
             set_leading(False)
             await election.run(lead, stopped_leading, new_leader, stop=stop.event)
-    finally:
-        stop.close()
     return exit_code

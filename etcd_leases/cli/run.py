@@ -14,19 +14,9 @@ import asyncio
 import signal
 from contextlib import AsyncExitStack
 
-from etcd_leases.cli import exits
+from etcd_leases.cli import exits, supervise
 from etcd_leases.cli.options import Commands, duration, open_provider, ttl_ms
 from etcd_leases.cli.output import Output, escape
-from etcd_leases.cli.supervise import (
-    Child,
-    StopSignals,
-    add_supervision_flags,
-    command_of,
-    default_owner,
-    lease_env,
-    metered,
-    until_stopped,
-)
 from etcd_leases.errors import LeaseHeld
 from etcd_leases.hold import HeldLease, hold
 
@@ -44,54 +34,43 @@ def add_commands(commands: Commands) -> None:
         default=0.0,
         help="wait for the key if it is held (for ever, or this long)",
     )
-    add_supervision_flags(run)
+    supervise.add_supervision_flags(run)
     run.set_defaults(handler=_run)
 
 
 async def _run(args: argparse.Namespace, out: Output) -> int:
-    command = command_of(args)
-    owner = args.owner or default_owner()
-    stop = StopSignals()
-    try:
+    command = supervise.command_of(args)
+    owner = args.owner or supervise.default_owner()
+    with supervise.StopSignals() as stop:
         async with AsyncExitStack() as stack:
             provider = await stack.enter_async_context(open_provider(args))
+            holding, _ = supervise.metered(provider, args)
             if args.wait != 0:
                 out.note(f"waiting for {escape(args.key)}")
+            wait: bool | float = True if args.wait < 0 else args.wait
+            held = hold(holding, args.key, owner, args.ttl, wait=wait)
             try:
-                wait: bool | float = True if args.wait < 0 else args.wait
-                entering = asyncio.ensure_future(
-                    stack.enter_async_context(
-                        hold(metered(provider, args), args.key, owner, args.ttl, wait=wait)
-                    )
-                )
-                lease = await until_stopped(stop.event, entering)
+                entering = asyncio.ensure_future(stack.enter_async_context(held))
+                lease = await supervise.until_stopped(stop.event, entering)
             except LeaseHeld as exc:
-                out.result(
-                    f"{escape(args.key)}: held by {escape(exc.holder or '?')}",
-                    key=args.key,
-                    acquired=False,
-                    owner=exc.holder,
-                )
+                text = f"{escape(args.key)}: held by {escape(exc.holder or '?')}"
+                out.result(text, key=args.key, acquired=False, owner=exc.holder)
                 return exits.NO
             if lease is None:
                 return 128 + (stop.signal or signal.SIGTERM)
-            child = await Child.start(command, lease_env(provider, lease))
-            out.event(
-                "started",
-                f"{escape(args.key)} held by {escape(owner)} (token {lease.token}); "
-                f"started {command[0]} (pid {child.pid})",
-                key=args.key,
-                owner=owner,
-                token=lease.token,
-                pid=child.pid,
+            text = f"{escape(args.key)} held by {escape(owner)}"
+            child = await supervise.start_command(
+                command, provider, lease, out, "started", text, key=args.key, owner=owner
             )
             return await _supervise(child, lease, stop, args.grace, out)
-    finally:
-        stop.close()
 
 
 async def _supervise(
-    child: Child, lease: HeldLease, stop: StopSignals, grace: float, out: Output
+    child: supervise.Child,
+    lease: HeldLease,
+    stop: supervise.StopSignals,
+    grace: float,
+    out: Output,
 ) -> int:
     """Wait for the command to end, the lease to be lost or a signal; the exit code."""
     exited = asyncio.ensure_future(child.wait())
@@ -104,12 +83,8 @@ async def _supervise(
     if not exited.done():
         if lease.lost.is_set():
             reason = lease.lost_reason or "its TTL ran out"
-            out.event(
-                "lost",
-                f"lost {escape(lease.key)} ({reason}); stopping the command",
-                key=lease.key,
-                reason=reason,
-            )
+            text = f"lost {escape(lease.key)} ({reason}); stopping the command"
+            out.event("lost", text, key=lease.key, reason=reason)
             await child.stop(grace)
         else:
             await child.stop(grace, stop.signal or signal.SIGTERM)

@@ -26,22 +26,18 @@ async def _server(args: argparse.Namespace, out: Output) -> int:
         raise exits.UsageError("--members must be 1 to 7")
     from etcd_leases.testing import EtcdCluster  # only here: it is slow to import
 
-    with EtcdCluster(args.members) as cluster:
-        stop = StopSignals()
-        try:
-            endpoints = cluster.endpoint_string
-            out.result(
-                f"etcd {cluster.binary} is running with {args.members} member(s).\n"
-                f"Connect with:\n"
-                f"  export ETCDCTL_ENDPOINTS={endpoints}\n"
-                f"  etcd-leases list          # or: etcdctl get --prefix /etcd-leases/\n"
-                f"Ctrl-C stops it and removes its data.",
-                endpoints=cluster.endpoints,
-                binary=cluster.binary,
-                pids=[member.pid for member in cluster.members],
-            )
-            await stop.event.wait()
-            out.note("stopping etcd")
-        finally:
-            stop.close()
+    with EtcdCluster(args.members) as cluster, StopSignals() as stop:
+        endpoints = cluster.endpoint_string
+        out.result(
+            f"etcd {cluster.binary} is running with {args.members} member(s).\n"
+            f"Connect with:\n"
+            f"  export ETCDCTL_ENDPOINTS={endpoints}\n"
+            f"  etcd-leases list          # or: etcdctl get --prefix /etcd-leases/\n"
+            f"Ctrl-C stops it and removes its data.",
+            endpoints=cluster.endpoints,
+            binary=cluster.binary,
+            pids=[member.pid for member in cluster.members],
+        )
+        await stop.event.wait()
+        out.note("stopping etcd")
     return exits.OK

@@ -19,13 +19,17 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from etcd_leases.cli.exits import UsageError, signal_code
 from etcd_leases.cli.options import duration
+from etcd_leases.cli.output import Output
 from etcd_leases.contract import HoldingProvider
 from etcd_leases.hold import HeldLease
 from etcd_leases.providers import EtcdLeaseProvider
+
+if TYPE_CHECKING:
+    from etcd_leases.metrics import LeaseMetrics
 
 T = TypeVar("T")
 
@@ -63,10 +67,15 @@ def default_owner() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def metered(provider: EtcdLeaseProvider, args: argparse.Namespace) -> HoldingProvider:
-    """``provider``, counted and served over HTTP when ``--metrics-port`` is given."""
+def metered(
+    provider: EtcdLeaseProvider, args: argparse.Namespace
+) -> tuple[HoldingProvider, LeaseMetrics | None]:
+    """``provider``, counted and served over HTTP when ``--metrics-port`` is given.
+
+    With the metrics, or ``None`` without ``--metrics-port``.
+    """
     if args.metrics_port is None:
-        return provider
+        return provider, None
     try:
         import prometheus_client
 
@@ -76,10 +85,32 @@ def metered(provider: EtcdLeaseProvider, args: argparse.Namespace) -> HoldingPro
             "--metrics-port needs prometheus-client: pip install 'etcd-leases[metrics]'"
         ) from None
     prometheus_client.start_http_server(args.metrics_port, args.metrics_address)
-    return MeteredProvider(provider)
+    wrapped = MeteredProvider(provider)
+    return wrapped, wrapped.metrics
 
 
-def lease_env(provider: EtcdLeaseProvider, lease: HeldLease) -> dict[str, str]:
+async def start_command(
+    command: list[str],
+    provider: EtcdLeaseProvider,
+    lease: HeldLease,
+    out: Output,
+    event: str,
+    text: str,
+    **data: object,
+) -> Child:
+    """Start the command for ``lease`` and say so: ``text``, then what was started."""
+    child = await Child.start(command, _lease_env(provider, lease))
+    out.event(
+        event,
+        f"{text} (token {lease.token}); started {command[0]} (pid {child.pid})",
+        token=lease.token,
+        pid=child.pid,
+        **data,
+    )
+    return child
+
+
+def _lease_env(provider: EtcdLeaseProvider, lease: HeldLease) -> dict[str, str]:
     return {
         **os.environ,
         "ETCD_LEASES_KEY": lease.key,
@@ -92,24 +123,27 @@ def lease_env(provider: EtcdLeaseProvider, lease: HeldLease) -> dict[str, str]:
 
 
 class StopSignals:
-    """SIGTERM and SIGINT set ``event`` (and ``signal``) instead of killing us."""
+    """Within ``with``, SIGTERM and SIGINT set ``event`` (and ``signal``) instead of killing us."""
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
         self.signal: int | None = None
+
+    def __enter__(self) -> Self:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._received, sig)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
     def _received(self, sig: int) -> None:
         if self.signal is None:
             self.signal = sig
         self.event.set()
-
-    def close(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
 
 
 async def until_stopped(stop: asyncio.Event, awaitable: asyncio.Future[T]) -> T | None:
