@@ -43,6 +43,13 @@ def test_contract_calls_and_their_exit_codes(etcd: EtcdCluster) -> None:
     assert json_of(moved) == {"key": "job:1", "transferred": True, "owner": "bob"}
     assert run_cli("owner", "job:1", env=env).stdout == "bob\n"
 
+    # The shared flags may come before the command name too, as etcdctl's do.
+    env_without = {k: v for k, v in env.items() if k != "ETCDCTL_ENDPOINTS"}
+    first = run_cli(
+        "--endpoints", etcd.endpoint_string, "--json", "owner", "job:1", env=env_without
+    )
+    assert json_of(first) == {"key": "job:1", "owner": "bob"}
+
     # Release is the contract's silent no-op for a non-owner.
     assert run_cli("release", "job:1", "alice", env=env).returncode == 0
     assert run_cli("owner", "job:1", env=env).stdout == "bob\n"

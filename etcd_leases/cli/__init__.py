@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from etcd_leases.cli import contract, demo, elect, exits, listing, run, server
-from etcd_leases.cli.options import Commands, add_connection_flags
+from etcd_leases.cli.options import Commands, shared_flags
 from etcd_leases.cli.output import Output
 from etcd_leases.cli.supervise import split_command
 
@@ -31,19 +31,11 @@ def parser() -> argparse.ArgumentParser:
         description="One owner per key, on etcd: leases, fencing tokens, leader election.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    common = argparse.ArgumentParser(add_help=False)
-    add_connection_flags(common)
-    common.add_argument("--json", action="store_true", help="print JSON for scripts")
-    common.add_argument(
-        "--log-level",
-        default="warning",
-        choices=["debug", "info", "warning", "error"],
-        help="library log messages on stderr (warning)",
+        parents=[shared_flags(in_command=False)],
     )
     commands = top.add_subparsers(metavar="COMMAND", required=True)
     for group in (contract, listing, run, elect, server, demo):
-        group.add_commands(Commands(commands, common))
+        group.add_commands(Commands(commands, shared_flags(in_command=True)))
     return top
 
 
@@ -51,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv``; the exit code (see :mod:`etcd_leases.cli.exits`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
-    if argv and argv[0] in ("run", "elect"):
+    if {"run", "elect"} & set(argv[: argv.index("--") if "--" in argv else None]):
         # Everything after "--" is the command, even words that look like our flags.
         argv, command = split_command(argv)
     args = parser().parse_args(argv)

@@ -78,8 +78,8 @@ async def _renew(args: argparse.Namespace, out: Output) -> int:
 async def _release(args: argparse.Namespace, out: Output) -> int:
     async with open_provider(args) as provider:
         await provider.release_lease(args.key, args.owner)
-    # The contract's release is silent: "released" means nobody holds it for OWNER now.
-    out.result(f"{escape(args.key)}: released by {escape(args.owner)}", key=args.key)
+    # The contract's release is silent: OWNER does not hold KEY now, whoever did before.
+    out.result(f"{escape(args.key)}: not held by {escape(args.owner)} now", key=args.key)
     return exits.OK
 
 

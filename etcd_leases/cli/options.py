@@ -26,7 +26,7 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 class Commands:
     """Where command modules add their subcommands, each given the shared flags.
 
-    The shared flags follow the command name: ``etcd-leases list --endpoints ...``.
+    The shared flags go before or after the command name, as etcdctl's do.
     """
 
     def __init__(
@@ -41,14 +41,22 @@ class Commands:
         return self._commands.add_parser(name, help=help, description=help, parents=[self._common])
 
 
-def add_connection_flags(parser: argparse.ArgumentParser) -> None:
+def shared_flags(*, in_command: bool) -> argparse.ArgumentParser:
+    """The flags of every command: connection, ``--json``, ``--log-level``.
+
+    Given both before the command name and after it; after it, a flag left out must
+    not reset what was given before, hence no defaults there.
+    """
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if in_command else value
+
+    parser = argparse.ArgumentParser(add_help=False, argument_default=default(None))
     group = parser.add_argument_group("connection (etcdctl's flags and ETCDCTL_* variables)")
     group.add_argument(
         "--endpoints", help=f"comma-separated host:port (default {DEFAULT_ENDPOINTS})"
     )
-    group.add_argument(
-        "--cacert", dest="tls_cacert", help="CA bundle of the etcd servers (PEM); implies TLS"
-    )
+    group.add_argument("--cacert", dest="tls_cacert", help="CA of the etcd servers (PEM)")
     group.add_argument("--cert", dest="tls_cert", help="client certificate (PEM)")
     group.add_argument("--key", dest="tls_key", help="client key (PEM)")
     group.add_argument("--user", help="etcd user as name:password")
@@ -56,6 +64,17 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--command-timeout", type=duration, help="time per etcd call, retries included (5s)"
     )
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "--json", action="store_true", default=default(False), help="print JSON for scripts"
+    )
+    output.add_argument(
+        "--log-level",
+        default=default("warning"),
+        choices=["debug", "info", "warning", "error"],
+        help="library log messages on stderr (warning)",
+    )
+    return parser
 
 
 def duration(text: str) -> float:

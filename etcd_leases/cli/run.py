@@ -45,8 +45,8 @@ async def _run(args: argparse.Namespace, out: Output) -> int:
         async with AsyncExitStack() as stack:
             provider = await stack.enter_async_context(open_provider(args))
             holding, _ = supervise.metered(provider, args)
-            if args.wait != 0:
-                out.note(f"waiting for {escape(args.key)}")
+            if args.wait != 0 and (holder := await provider.get_lease_owner(args.key)):
+                out.note(f"waiting for {escape(args.key)}, held by {escape(holder)}")
             wait: bool | float = True if args.wait < 0 else args.wait
             held = hold(holding, args.key, owner, args.ttl, wait=wait)
             try:
