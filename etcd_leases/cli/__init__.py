@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -58,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = asyncio.run(args.handler(args, Output(args.json)))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (``etcd-leases watch | head -1``): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exits.OK
     except Exception as exc:
         return exits.fail(exc)
     return code
