@@ -75,5 +75,6 @@ async def _elect(args: argparse.Namespace, out: Output) -> int:
                 out.event("leader", text, election=args.name, leader=leader)
 
             set_leading(False)
+            out.note(f"{escape(candidate)} campaigns for {escape(args.name)}")
             await election.run(lead, stopped_leading, new_leader, stop=stop.event)
     return exit_code
