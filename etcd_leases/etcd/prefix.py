@@ -92,7 +92,7 @@ async def watch_owners(
         except (PermissionDenied, ProviderClosed):
             raise
         except LeaseError:
-            client.rotate()
+            # client.error() has moved on from a member that failed.
             await asyncio.sleep(_RETRY_S)
         # Broken or compacted: catch up from a fresh read, reporting the differences.
         now, revision = await read_prefix(client, prefix, start)
