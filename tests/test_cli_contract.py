@@ -43,6 +43,9 @@ def test_contract_calls_and_their_exit_codes(etcd: EtcdCluster) -> None:
     assert json_of(moved) == {"key": "job:1", "transferred": True, "owner": "bob"}
     assert run_cli("owner", "job:1", env=env).stdout == "bob\n"
 
+    version = run_cli("--version", env=env)
+    assert version.returncode == 0 and version.stdout.startswith("etcd-leases ")
+
     # The shared flags may come before the command name too, as etcdctl's do.
     env_without = {k: v for k, v in env.items() if k != "ETCDCTL_ENDPOINTS"}
     first = run_cli(

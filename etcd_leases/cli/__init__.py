@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import logging
 import os
 import signal
@@ -34,10 +35,18 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[shared_flags(in_command=False)],
     )
+    top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = top.add_subparsers(metavar="COMMAND", required=True)
     for group in (contract, listing, run, elect, server, demo):
         group.add_commands(Commands(commands, shared_flags(in_command=True)))
     return top
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("etcd-leases")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
