@@ -15,17 +15,29 @@ from tests.conftest import unique_prefix
 def test_the_command_gets_the_token_and_its_exit_code_is_ours(
     etcd: EtcdCluster, tmp_path: Path
 ) -> None:
-    env = cli_env(etcd, unique_prefix())
+    prefix = unique_prefix()
+    env = cli_env()  # the connection given as flags: the command gets it as variables
+    connection = ["--endpoints", f"http://{etcd.endpoints[0]}", "--prefix", prefix]
     seen = tmp_path / "env"
-    script = f'echo "$ETCD_LEASES_KEY $ETCD_LEASES_OWNER $ETCD_LEASES_TOKEN" > {seen}; exit 7'
-    done = run_cli("run", "job", "--owner", "w1", "--json", "--", "sh", "-c", script, env=env)
+    variables = ["KEY", "OWNER", "TOKEN", "TTL_MS", "PREFIX"]
+    words = " ".join(f"$ETCD_LEASES_{name}" for name in variables)
+    script = f'echo "{words} $ETCDCTL_ENDPOINTS" > {seen}; exit 7'
+    args = ["run", "job", "--owner", "w1", "--ttl", "5s", *connection, "--json"]
+    done = run_cli(*args, "--", "sh", "-c", script, env=env)
     assert done.returncode == 7, done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
     assert [e["event"] for e in events] == ["started", "exited"]
     token = events[0]["token"]
-    assert seen.read_text().split() == ["job", "w1", str(token)]
+    assert seen.read_text().split() == [
+        "job",
+        "w1",
+        str(token),
+        "5000",
+        prefix,
+        f"http://{etcd.endpoints[0]}",
+    ]
     # Released when the command ended.
-    assert run_cli("owner", "job", env=env).returncode == 1
+    assert run_cli("owner", "job", *connection, env=env).returncode == 1
 
 
 def test_the_command_is_stopped_when_the_lease_is_deleted(etcd: EtcdCluster) -> None:

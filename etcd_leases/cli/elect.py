@@ -14,7 +14,7 @@ import argparse
 import asyncio
 
 from etcd_leases.cli import exits, supervise
-from etcd_leases.cli.options import Commands, open_provider, ttl_ms
+from etcd_leases.cli.options import Commands, connection_env, open_provider, ttl_ms
 from etcd_leases.cli.output import Output, escape
 from etcd_leases.election import Election
 from etcd_leases.hold import HeldLease
@@ -50,7 +50,7 @@ async def _elect(args: argparse.Namespace, out: Output) -> int:
                 text = f"{escape(candidate)} leads {escape(args.name)}"
                 child = await supervise.start_command(
                     command,
-                    provider,
+                    connection_env(args),
                     lease,
                     out,
                     "leading",

@@ -118,6 +118,25 @@ def _setting(args: argparse.Namespace, flag: str, variable: str) -> str | None:
     return value if value is not None else os.environ.get(variable)
 
 
+def connection_env(args: argparse.Namespace) -> dict[str, str]:
+    """The connection as etcdctl's variables, for commands run on our behalf.
+
+    Endpoints, prefix and TLS files; not the password (pass ``ETCDCTL_USER`` in the
+    environment if the command needs it: it inherits ours).
+    """
+    env = {
+        "ETCDCTL_ENDPOINTS": ",".join(
+            check_endpoints(_setting(args, "endpoints", "ETCDCTL_ENDPOINTS") or DEFAULT_ENDPOINTS)
+        ),
+    }
+    prefix = _setting(args, "prefix", "ETCD_LEASES_PREFIX")
+    env["ETCD_LEASES_PREFIX"] = DEFAULT_PREFIX if prefix is None else prefix
+    for flag, variable in (("tls_cacert", "CACERT"), ("tls_cert", "CERT"), ("tls_key", "KEY")):
+        if (value := _setting(args, flag, f"ETCDCTL_{variable}")) is not None:
+            env[f"ETCDCTL_{variable}"] = value
+    return env
+
+
 def open_provider(args: argparse.Namespace, **overrides: str) -> EtcdLeaseProvider:
     """The provider the flags and variables describe (it connects on first use).
 

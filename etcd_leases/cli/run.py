@@ -15,7 +15,7 @@ import signal
 from contextlib import AsyncExitStack
 
 from etcd_leases.cli import exits, supervise
-from etcd_leases.cli.options import Commands, duration, open_provider, ttl_ms
+from etcd_leases.cli.options import Commands, connection_env, duration, open_provider, ttl_ms
 from etcd_leases.cli.output import Output, escape
 from etcd_leases.errors import LeaseHeld
 from etcd_leases.hold import HeldLease, hold
@@ -60,7 +60,14 @@ async def _run(args: argparse.Namespace, out: Output) -> int:
                 return 128 + (stop.signal or signal.SIGTERM)
             text = f"{escape(args.key)} held by {escape(owner)}"
             child = await supervise.start_command(
-                command, provider, lease, out, "started", text, key=args.key, owner=owner
+                command,
+                connection_env(args),
+                lease,
+                out,
+                "started",
+                text,
+                key=args.key,
+                owner=owner,
             )
             return await _supervise(child, lease, stop, args.grace, out)
 

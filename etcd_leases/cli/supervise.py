@@ -2,8 +2,8 @@
 
 The command runs as a child process with the tenure in its environment
 (``ETCD_LEASES_KEY``, ``ETCD_LEASES_OWNER``, ``ETCD_LEASES_TOKEN``,
-``ETCD_LEASES_TTL_MS``, plus ``ETCDCTL_ENDPOINTS`` and ``ETCD_LEASES_PREFIX`` so it can
-fence its own writes). It is stopped with SIGTERM, then SIGKILL after ``--grace``.
+``ETCD_LEASES_TTL_MS``, plus the connection as etcdctl's variables, so it can fence
+its own writes). It is stopped with SIGTERM, then SIGKILL after ``--grace``.
 SIGTERM and SIGINT to ``etcd-leases`` itself do not kill it: they set a stop event,
 so the lease is given back once the command is down.
 """
@@ -91,15 +91,18 @@ def metered(
 
 async def start_command(
     command: list[str],
-    provider: EtcdLeaseProvider,
+    connection: dict[str, str],
     lease: HeldLease,
     out: Output,
     event: str,
     text: str,
     **data: object,
 ) -> Child:
-    """Start the command for ``lease`` and say so: ``text``, then what was started."""
-    child = await Child.start(command, _lease_env(provider, lease))
+    """Start the command for ``lease`` and say so: ``text``, then what was started.
+
+    Its environment is ours, plus ``connection`` (see ``connection_env``) and the tenure.
+    """
+    child = await Child.start(command, _lease_env(connection, lease))
     out.event(
         event,
         f"{text} (token {lease.token}); started {command[0]} (pid {child.pid})",
@@ -110,15 +113,14 @@ async def start_command(
     return child
 
 
-def _lease_env(provider: EtcdLeaseProvider, lease: HeldLease) -> dict[str, str]:
+def _lease_env(connection: dict[str, str], lease: HeldLease) -> dict[str, str]:
     return {
         **os.environ,
+        **connection,
         "ETCD_LEASES_KEY": lease.key,
         "ETCD_LEASES_OWNER": lease.owner,
         "ETCD_LEASES_TOKEN": str(lease.token),
         "ETCD_LEASES_TTL_MS": str(lease.ttl_ms),
-        "ETCDCTL_ENDPOINTS": ",".join(provider.client.endpoints),
-        "ETCD_LEASES_PREFIX": provider.prefix,
     }
 
 
