@@ -135,7 +135,10 @@ class Demo:
             token=first.token,
         )
         started = time.monotonic()
-        async with b.hold("job:7", "worker-b", TTL_MS, wait=True) as lease:
+        async with AsyncExitStack() as stack:
+            async with self.out.waiting("worker-b waits for job:7 to expire"):
+                taking = b.hold("job:7", "worker-b", TTL_MS, wait=True)
+                lease = await stack.enter_async_context(taking)
             took = time.monotonic() - started
             self.say(
                 "takeover",
@@ -199,7 +202,8 @@ class Demo:
             await workers[NAMES.index(first)].close()
             runs.pop(first).cancel()
             self.say("crash", f"{first} crashes; the others wait for its TTL", crashed=first)
-            second, at = await terms.get()
+            async with self.out.waiting(f"the others wait for {first}'s TTL"):
+                second, at = await terms.get()
             self.say(
                 "takeover",
                 f"{second} took over {at - crashed_at:.2f} s after the crash",
@@ -233,7 +237,8 @@ class Demo:
             f"killed etcd member {member.name}, the raft leader; waiting two TTLs",
             member=member.name,
         )
-        await asyncio.sleep(2 * TTL_MS / 1000)
+        async with self.out.waiting("two TTLs pass"):
+            await asyncio.sleep(2 * TTL_MS / 1000)
         now = await provider.get_lease_owner("leader")
         self.say(
             "survived",

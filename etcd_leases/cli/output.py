@@ -7,10 +7,13 @@ per line.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, TextIO
 
 
 def escape(text: str) -> str:
@@ -29,11 +32,44 @@ def clock() -> str:
 class Output:
     """Prints results and events as text or JSON."""
 
-    def __init__(self, as_json: bool) -> None:
+    def __init__(self, as_json: bool, progress: TextIO | None = None) -> None:
         self.as_json = as_json
+        self._progress = sys.stderr if progress is None else progress
+        self._counting = False  # a live line is on the terminal; lines go over it
+
+    @asynccontextmanager
+    async def waiting(self, text: str) -> AsyncIterator[None]:
+        """On a terminal, ``text`` and the seconds waited so far, live, until the block ends."""
+        stream = self._progress
+        if self.as_json or not stream.isatty():
+            yield
+            return
+        started = time.monotonic()
+        self._counting = True
+
+        async def count() -> None:
+            while True:
+                stream.write(f"\r{text} {time.monotonic() - started:.1f} s\x1b[K")
+                stream.flush()
+                await asyncio.sleep(0.1)
+
+        counter = asyncio.ensure_future(count())
+        try:
+            yield
+        finally:
+            counter.cancel()
+            await asyncio.gather(counter, return_exceptions=True)
+            self._clear()  # the line goes; the events say what happened
+            self._counting = False
+
+    def _clear(self) -> None:
+        if self._counting:
+            self._progress.write("\r\x1b[K")
+            self._progress.flush()
 
     def result(self, text: str, **data: Any) -> None:
         """One result: ``text`` for people, ``data`` as one JSON object."""
+        self._clear()
         print(json.dumps(data) if self.as_json else text, flush=True)
 
     def table(
@@ -54,6 +90,7 @@ class Output:
 
     def event(self, event: str, text: str, **data: Any) -> None:
         """A timestamped line of a stream; JSON: ``{"time", "event", ...data}``."""
+        self._clear()
         if self.as_json:
             print(json.dumps({"time": time.time(), "event": event, **data}), flush=True)
         else:
@@ -61,10 +98,12 @@ class Output:
 
     def heading(self, text: str) -> None:
         """A section title of a narration, for people only."""
+        self._clear()
         if not self.as_json:
             print(f"\n{text}", flush=True)
 
     def note(self, text: str) -> None:
         """Progress for people, on stderr (kept out of JSON output)."""
+        self._clear()
         if not self.as_json:
             print(f"{clock()}  {text}", file=sys.stderr, flush=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 from contextlib import AsyncExitStack
 
@@ -51,7 +52,9 @@ async def _run(args: argparse.Namespace, out: Output) -> int:
             held = hold(holding, args.key, owner, args.ttl, wait=wait)
             try:
                 entering = asyncio.ensure_future(stack.enter_async_context(held))
-                lease = await supervise.until_stopped(stop.event, entering)
+                waiting = out.waiting(f"waiting for {escape(args.key)}")
+                async with waiting if args.wait != 0 else contextlib.nullcontext():
+                    lease = await supervise.until_stopped(stop.event, entering)
             except LeaseHeld as exc:
                 text = f"{escape(args.key)}: held by {escape(exc.holder or '?')}"
                 out.result(text, key=args.key, acquired=False, owner=exc.holder)
