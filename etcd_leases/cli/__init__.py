@@ -1,0 +1,85 @@
+"""The ``etcd-leases`` command: the lease contract, inspection and supervision from a shell.
+
+One module per group of commands (:mod:`contract`, :mod:`listing`, :mod:`run`,
+:mod:`elect`, :mod:`server`, :mod:`demo`); :mod:`options` holds the connection
+flags, :mod:`output` the text and ``--json`` output, :mod:`exits` the exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from etcd_leases.cli import contract, demo, elect, exits, listing, run, server
+from etcd_leases.cli.options import Commands, shared_flags
+from etcd_leases.cli.output import Output
+from etcd_leases.cli.supervise import split_command
+
+_EPILOG = """exit codes: 0 yes/done, 1 no (held, not the owner, free), 2 usage,
+3 etcd unavailable, 4 permission denied, 5 other error; run and elect: the command's.
+Connection flags may also be given as ETCDCTL_ENDPOINTS, ETCDCTL_CACERT, ETCDCTL_CERT,
+ETCDCTL_KEY, ETCDCTL_USER, ETCDCTL_COMMAND_TIMEOUT and ETCD_LEASES_PREFIX."""
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="etcd-leases",
+        description="One owner per key, on etcd: leases, fencing tokens, leader election.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[shared_flags(in_command=False)],
+    )
+    top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = top.add_subparsers(metavar="COMMAND", required=True)
+    for group in (contract, listing, run, elect, server, demo):
+        group.add_commands(Commands(commands, shared_flags(in_command=True)))
+    return top
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("etcd-leases")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "(not installed)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv``; the exit code (see :mod:`etcd_leases.cli.exits`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if {"run", "elect"} & set(argv[: argv.index("--") if "--" in argv else None]):
+        # Everything after "--" is the command, even words that look like our flags.
+        argv, command = split_command(argv)
+    args = parser().parse_args(argv)
+    args.command = command
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    # SIGTERM unwinds like Ctrl-C, so what a command started (etcd members, leases) is
+    # cleaned up; run, elect and server handle both signals themselves.
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        code: int = asyncio.run(args.handler(args, Output(args.json)))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (``etcd-leases watch | head -1``): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exits.OK
+    except Exception as exc:
+        return exits.fail(exc)
+    return code
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def entry_point() -> None:
+    sys.exit(main())

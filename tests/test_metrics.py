@@ -1,0 +1,93 @@
+"""MeteredProvider: the recipes run on it unchanged, and it counts what happened."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from etcd_leases import Election, EtcdLeaseProvider, HoldingProvider, ProviderClosed
+from etcd_leases.metrics import LeaseMetrics, MeteredProvider
+from etcd_leases.testing import EtcdCluster
+from tests.conftest import Live
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    found = registry.get_sample_value(name, labels)
+    return 0.0 if found is None else found
+
+
+async def test_hold_adopt_and_election_run_on_a_metered_provider(live: Live) -> None:
+    registry = CollectorRegistry()
+    metered = MeteredProvider(live.provider, LeaseMetrics(registry))
+    assert isinstance(metered, HoldingProvider)
+
+    async with metered.hold("job", "alice", 5000) as lease:
+        assert value(registry, "etcd_leases_leases_held") == 1
+        await lease.transfer("bob")
+    async with metered.adopt("job", "bob", 5000):
+        assert value(registry, "etcd_leases_leases_held") == 1
+    assert value(registry, "etcd_leases_leases_held") == 0
+    assert value(registry, "etcd_leases_leases_lost_total") == 0  # all ended by their holders
+
+    election = Election(metered, "leader", "alice", 5000)
+    async with election.leadership() as seat:
+        assert await metered.get_lease_owner("leader") == "alice"
+        assert seat.token > 0
+    assert await Election(metered, "leader", "bob", 5000).leader() is None
+
+    calls = "etcd_leases_calls_total"
+    assert value(registry, calls, call="acquire", outcome="acquired") == 3  # hold, adopt, seat
+    assert value(registry, calls, call="transfer", outcome="true") == 1
+    assert value(registry, calls, call="renew", outcome="true") == 1  # adopt's
+    assert value(registry, "etcd_leases_call_duration_seconds_count", call="acquire") == 3
+
+    held = await live.another().acquire_lease("other", "zed", 5000)
+    assert held.acquired
+    assert not (await metered.acquire_lease("other", "alice", 5000)).acquired
+    assert value(registry, calls, call="acquire", outcome="held") == 1
+
+    metrics = LeaseMetrics(registry=CollectorRegistry())
+    metrics.set_leading("reports", True)
+    assert metrics.leader.labels(election="reports")._value.get() == 1
+
+
+async def test_a_key_deleted_from_outside_counts_as_lost(etcd: EtcdCluster) -> None:
+    registry = CollectorRegistry()
+    async with EtcdLeaseProvider(etcd.endpoints, prefix="/metrics-test/lost/") as provider:
+        metered = MeteredProvider(provider, LeaseMetrics(registry))
+        async with metered.hold("job", "alice", 10_000) as lease:
+            etcd.etcdctl("del", "/metrics-test/lost/job")
+            await asyncio.wait_for(lease.lost.wait(), 5)
+            await asyncio.sleep(0)  # the keeper's watch counts the loss
+            assert value(registry, "etcd_leases_leases_held") == 0
+            assert value(registry, "etcd_leases_leases_lost_total") == 1
+            assert value(registry, "etcd_leases_renewals_failed_total") == 0
+
+
+async def test_a_frozen_etcd_counts_as_a_failed_renewal(etcd_binary: str) -> None:
+    registry = CollectorRegistry()
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        async with EtcdLeaseProvider(etcd.endpoints, timeout=1.0) as provider:
+            metered = MeteredProvider(provider, LeaseMetrics(registry))
+            async with metered.hold("job", "alice", 1000) as lease:
+                etcd.members[0].pause()
+                try:
+                    await asyncio.wait_for(lease.lost.wait(), 5)
+                finally:
+                    etcd.members[0].resume()
+                await asyncio.sleep(0)
+                assert value(registry, "etcd_leases_leases_lost_total") == 1
+                assert value(registry, "etcd_leases_renewals_failed_total") == 1
+
+
+async def test_errors_are_counted_by_kind(etcd: EtcdCluster) -> None:
+    registry = CollectorRegistry()
+    provider = EtcdLeaseProvider(etcd.endpoints)
+    await provider.close()
+    metered = MeteredProvider(provider, LeaseMetrics(registry))
+    with pytest.raises(ProviderClosed):
+        await metered.get_lease_owner("k")
+    calls = "etcd_leases_calls_total"
+    assert value(registry, calls, call="get_owner", outcome="ProviderClosed") == 1
