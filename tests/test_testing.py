@@ -84,7 +84,7 @@ def test_bad_etcd_bin_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 def test_no_etcd_names_all_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("ETCD_BIN", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(testing, "_distro_binary", lambda name="etcd": None)
+    monkeypatch.setattr(testing.binaries, "_distro_binary", lambda name="etcd": None)
     with pytest.raises(RuntimeError) as info:
         find_etcd_binary()
     message = str(info.value)
@@ -187,7 +187,7 @@ def test_stop_leaves_nothing(etcd_binary: str, tmp_path: Path) -> None:
     assert not os.path.exists(directory)
     assert list(tmp_path.iterdir()) == []
     cluster.stop()  # idempotent
-    assert not set(pids) & set(testing._processes)
+    assert not set(pids) & set(testing.registry._processes)
 
 
 def test_graceful_stop(etcd_binary: str) -> None:
@@ -218,7 +218,7 @@ def test_port_conflict_is_retried(monkeypatch: pytest.MonkeyPatch, etcd_binary: 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
-    real_reserve = testing._reserve_ports
+    real_reserve = testing.registry._reserve_ports
     calls: list[int] = []
 
     def reserve(count: int) -> list[int]:
@@ -228,7 +228,7 @@ def test_port_conflict_is_retried(monkeypatch: pytest.MonkeyPatch, etcd_binary: 
             ports[0] = taken.getsockname()[1]  # the first member's client port is taken
         return ports
 
-    monkeypatch.setattr(testing, "_reserve_ports", reserve)
+    monkeypatch.setattr(testing.cluster, "_reserve_ports", reserve)
     try:
         with EtcdCluster(1, binary=etcd_binary) as cluster:
             assert len(calls) == 2
