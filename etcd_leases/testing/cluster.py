@@ -49,6 +49,10 @@ class EtcdCluster:
     :param base_dir: where to create the temporary directory (default: the
         system's temporary directory).
     :param start_timeout: how long :meth:`start` waits, in seconds.
+    :param hosts: the address of each member (default: 127.0.0.1 for all), for
+        members that run in network namespaces of their own, and then
+    :param command_prefixes: what to run each member's etcd through, e.g.
+        ``["ip", "netns", "exec", "ns0"]`` (see ``tests/chaos/partitions.py``).
     """
 
     def __init__(
@@ -61,11 +65,15 @@ class EtcdCluster:
         extra_args: Sequence[str] = (),
         base_dir: str | None = None,
         start_timeout: float = DEFAULT_START_TIMEOUT,
+        hosts: Sequence[str] = (),
+        command_prefixes: Sequence[Sequence[str]] = (),
     ) -> None:
         if size < 1:
             raise ValueError(f"an etcd cluster needs at least one member, not {size}")
         if client_cert_auth and not tls:
             raise ValueError("client_cert_auth=True needs tls=True")
+        if len(hosts) not in (0, size) or len(command_prefixes) not in (0, size):
+            raise ValueError(f"hosts and command_prefixes need one entry per member ({size})")
         if binary is None:
             binary = find_etcd_binary()
         else:
@@ -80,6 +88,8 @@ class EtcdCluster:
         self.extra_args = tuple(extra_args)
         self.base_dir = base_dir
         self.start_timeout = start_timeout
+        self.hosts = tuple(hosts) or (_HOST,) * size
+        self.command_prefixes = tuple(map(tuple, command_prefixes)) or ((),) * size
         #: The members; filled in by :meth:`start`.
         self.members: list[EtcdMember] = []
         #: The temporary directory while the cluster exists, else None.
@@ -92,7 +102,7 @@ class EtcdCluster:
 
     @property
     def endpoints(self) -> list[str]:
-        """``"127.0.0.1:PORT"`` of every member's client URL."""
+        """``"HOST:PORT"`` of every member's client URL."""
         return [member.endpoint for member in self.members]
 
     @property
@@ -194,7 +204,8 @@ class EtcdCluster:
         names = [f"etcd{i}" for i in range(self.size)]
         peer_ports = self._ports[self.size :]
         initial_cluster = ",".join(
-            f"{name}=http://{_HOST}:{port}" for name, port in zip(names, peer_ports, strict=True)
+            f"{name}=http://{host}:{port}"
+            for name, host, port in zip(names, self.hosts, peer_ports, strict=True)
         )
         token = f"etcd-leases-{uuid.uuid4().hex}"
         self.members = [
@@ -210,6 +221,8 @@ class EtcdCluster:
                 tls=self.tls_files,
                 extra_args=self.extra_args,
                 start_timeout=self.start_timeout,
+                host=self.hosts[i],
+                command_prefix=self.command_prefixes[i],
             )
             for i, name in enumerate(names)
         ]

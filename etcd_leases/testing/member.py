@@ -48,6 +48,10 @@ class EtcdMember:
     :param tls: serve clients over HTTPS with these files.
     :param extra_args: further command-line arguments for etcd.
     :param start_timeout: how long :meth:`start` waits for health, in seconds.
+    :param host: the address to bind and advertise (127.0.0.1 unless the member runs
+        in a network namespace of its own, see :class:`EtcdCluster`).
+    :param command_prefix: run etcd through this, e.g. ``["ip", "netns", "exec", "ns0"]``
+        (it must exec etcd, so that signals reach etcd itself).
     """
 
     def __init__(
@@ -64,8 +68,12 @@ class EtcdMember:
         tls: TLSFiles | None = None,
         extra_args: Sequence[str] = (),
         start_timeout: float = DEFAULT_START_TIMEOUT,
+        host: str = _HOST,
+        command_prefix: Sequence[str] = (),
     ) -> None:
         self.name = name
+        self.host = host
+        self.command_prefix = tuple(command_prefix)
         self.binary = binary
         self.data_dir = data_dir
         self.log_path = log_path
@@ -85,19 +93,19 @@ class EtcdMember:
 
     @property
     def endpoint(self) -> str:
-        """``"127.0.0.1:PORT"`` of the client URL."""
-        return f"{_HOST}:{self.client_port}"
+        """``"HOST:PORT"`` of the client URL (HOST is 127.0.0.1 unless set)."""
+        return f"{self.host}:{self.client_port}"
 
     @property
     def client_url(self) -> str:
-        """``http://127.0.0.1:PORT``, or ``https://`` when TLS is on."""
+        """``http://HOST:PORT``, or ``https://`` when TLS is on."""
         scheme = "https" if self.tls is not None else "http"
         return f"{scheme}://{self.endpoint}"
 
     @property
     def peer_url(self) -> str:
-        """``http://127.0.0.1:PORT`` used for raft traffic."""
-        return f"http://{_HOST}:{self.peer_port}"
+        """``http://HOST:PORT`` used for raft traffic."""
+        return f"http://{self.host}:{self.peer_port}"
 
     # -- process state -----------------------------------------------------
 
@@ -128,6 +136,7 @@ class EtcdMember:
     def command(self) -> list[str]:
         """The command line this member is started with."""
         args = [
+            *self.command_prefix,
             self.binary,
             f"--name={self.name}",
             f"--data-dir={self.data_dir}",

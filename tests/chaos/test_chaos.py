@@ -1,0 +1,184 @@
+"""The chaos run: workers in processes hold keys on a 3-member etcd while a nemesis
+kills, freezes and partitions members and freezes workers; the checker then reads
+the history. Fails on any safety violation; prints its figures either way.
+
+``python -m pytest tests/chaos -s`` runs the CI run (at least 20 faults, about two
+minutes, against the newest etcd found); ``CHAOS_SECONDS=600 python -m pytest
+tests/chaos -s -k soak`` runs a longer soak (skipped unless CHAOS_SECONDS is set).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from etcd_leases.testing import EtcdCluster, etcd_version, find_etcd_binaries
+from tests.chaos.checker import Record, Report, check
+from tests.chaos.nemesis import Nemesis
+from tests.chaos.partitions import Partitions, PartitionsUnsupported
+from tests.chaos.register import OutsideRegister
+from tests.chaos.worker import Config
+from tests.conftest import unique_prefix
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = 4
+KEYS = ["alpha", "beta", "gamma"]
+TTL_MS = 2000
+CI_SECONDS = 75.0
+CI_FAULTS = 20
+
+
+def newest_etcd() -> str:
+    binaries = find_etcd_binaries()
+    if not binaries:
+        pytest.skip("no etcd binary found")
+
+    def version(binary: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in etcd_version(binary).split(".")[:3])
+
+    return max(binaries, key=version)
+
+
+@contextlib.contextmanager
+def network(size: int) -> Iterator[Partitions | None]:
+    """Members in network namespaces if this machine allows it, else on 127.0.0.1."""
+    partitions = Partitions(size)
+    try:
+        partitions.create()
+    except PartitionsUnsupported as exc:
+        print(f"\nchaos: partitions SKIPPED ({exc}); members run on 127.0.0.1")
+        yield None
+        return
+    try:
+        yield partitions
+    finally:
+        partitions.destroy()
+
+
+@contextlib.contextmanager
+def workers(configs: list[Config]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start the worker processes; at the end ask them to stop, then kill and reap them."""
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        for config in configs:
+            output = open(config.log_path + ".out", "wb")  # noqa: SIM115 - closed below
+            with output:
+                started.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "tests.chaos.worker", json.dumps(asdict(config))],
+                        cwd=ROOT,
+                        stdout=output,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        yield started
+    finally:
+        for worker in started:
+            if worker.poll() is None:
+                os.kill(worker.pid, signal.SIGCONT)
+                worker.terminate()
+        for worker in started:
+            try:
+                worker.wait(20)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait(10)
+
+
+def leases_left(cluster: EtcdCluster, within: float) -> int:
+    """etcd's lease count once every TTL had time to run out (0 as soon as it is)."""
+    deadline = time.monotonic() + within
+    while True:
+        first = cluster.etcdctl("lease", "list").splitlines()[0]  # "found N leases"
+        count = int(first.split()[1])
+        if count == 0 or time.monotonic() >= deadline:
+            return count
+        time.sleep(0.5)
+
+
+def read_history(paths: list[str]) -> list[Record]:
+    records: list[Record] = []
+    for path in paths:
+        with open(path, encoding="utf-8") as log:
+            records += [json.loads(line) for line in log if line.strip()]
+    return records
+
+
+def chaos_run(tmp_path: Path, seconds: float, min_faults: int) -> Report:
+    binary = newest_etcd()
+    version = etcd_version(binary)
+    prefix = unique_prefix()
+    with (
+        network(3) as partitions,
+        EtcdCluster(
+            3,
+            binary=binary,
+            hosts=partitions.hosts if partitions else (),
+            command_prefixes=partitions.command_prefixes if partitions else (),
+        ) as cluster,
+        OutsideRegister() as register,
+    ):
+        configs = [
+            Config(
+                endpoints=cluster.endpoints,
+                prefix=prefix,
+                name=f"w{i}",
+                keys=KEYS,
+                register_port=register.port,
+                log_path=str(tmp_path / f"w{i}.jsonl"),
+                ttl_ms=TTL_MS,
+                seconds=3 * seconds + 60,  # stopped by SIGTERM when the nemesis is done
+                seed=i,
+            )
+            for i in range(WORKERS)
+        ]
+        began = time.monotonic()
+        with workers(configs) as started:
+            nemesis = Nemesis(cluster, started, TTL_MS, partitions, seed=int(time.time()))
+            try:
+                nemesis.run(seconds, min_faults)
+            finally:
+                nemesis.resume_all()
+            for worker in started:
+                worker.terminate()
+            for worker in started:
+                worker.wait(30)
+        left = leases_left(cluster, within=2 * TTL_MS / 1000 + 8)
+        records = read_history([config.log_path for config in configs])
+        ext_log = list(register.log)
+    report = check(records, ext_log, nemesis.faults, left, version)
+    report.figures["seconds"] = round(time.monotonic() - began, 1)
+    report.figures["partitions"] = "network namespaces" if partitions else "SKIPPED"
+    (tmp_path / "faults.json").write_text(json.dumps(nemesis.faults, indent=1))
+    print(f"\nchaos history (one JSONL per worker, faults.json) in {tmp_path}")
+    print(report.summary())
+    return report
+
+
+def assert_safe(report: Report, min_faults: int) -> None:
+    assert report.violations == [], report.summary()
+    assert sum(report.figures["faults"].values()) >= min_faults
+    enough = report.figures["seconds"] / 4
+    assert report.figures["tenures"] >= enough, "too little happened for the run to mean much"
+
+
+@pytest.mark.timeout(2 * CI_SECONDS + 150)
+def test_chaos(tmp_path: Path) -> None:
+    assert_safe(chaos_run(tmp_path, CI_SECONDS, CI_FAULTS), CI_FAULTS)
+
+
+@pytest.mark.skipif(not os.environ.get("CHAOS_SECONDS"), reason="a soak: set CHAOS_SECONDS")
+@pytest.mark.timeout(2 * float(os.environ.get("CHAOS_SECONDS") or 0) + 150)
+def test_chaos_soak(tmp_path: Path) -> None:
+    seconds = float(os.environ["CHAOS_SECONDS"])
+    assert_safe(chaos_run(tmp_path, seconds, int(seconds / 4)), int(seconds / 4))
