@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from etcd_leases import AcquireResult
 
@@ -57,35 +58,35 @@ KeyState = Free | Held
 
 
 @dataclass(frozen=True)
-class Acquire:
-    owner: str
-    ttl_ms: int
+class Call:
+    """One of the five calls (``name``) on some key, with its other arguments."""
+
+    name: Literal["acquire", "get_owner", "release", "renew", "transfer"]
+    owner: str = ""  # from_owner of a transfer
+    ttl_ms: int = 0
+    to_owner: str = ""
 
 
-@dataclass(frozen=True)
-class GetOwner:
-    pass
+def acquire(owner: str, ttl_ms: int) -> Call:
+    return Call("acquire", owner, ttl_ms)
 
 
-@dataclass(frozen=True)
-class Release:
-    owner: str
+def get_owner() -> Call:
+    return Call("get_owner")
 
 
-@dataclass(frozen=True)
-class Renew:
-    owner: str
-    ttl_ms: int
+def release(owner: str) -> Call:
+    return Call("release", owner)
 
 
-@dataclass(frozen=True)
-class Transfer:
-    from_owner: str
-    to_owner: str
-    ttl_ms: int
+def renew(owner: str, ttl_ms: int) -> Call:
+    return Call("renew", owner, ttl_ms)
 
 
-Call = Acquire | GetOwner | Release | Renew | Transfer
+def transfer(from_owner: str, to_owner: str, ttl_ms: int) -> Call:
+    return Call("transfer", from_owner, ttl_ms, to_owner)
+
+
 Answer = AcquireResult | str | bool | None
 
 
@@ -135,18 +136,18 @@ def step(
     """The states ``call`` may leave the key in, if ``state`` allows ``answer``; else []."""
     held = state if isinstance(state, Held) else None
     alive = held is not None and not held.expired
-    if isinstance(call, GetOwner):
+    if call.name == "get_owner":
         return [state] if answer == (held.owner if held else None) else []
-    if isinstance(call, Acquire):
+    if call.name == "acquire":
         return _acquire(state, call, answer, start, end, timing)
-    if isinstance(call, Release):
+    if call.name == "release":
         if answer is not None:
             return []
         if held is None or held.owner != call.owner:
             return [state]
         # An expired tenure's lease is already gone: its key vanishes when etcd gets to it.
         return [Free(held.next_token())] + ([] if alive else [held])
-    if isinstance(call, Renew):
+    if call.name == "renew":
         if held is not None and alive and held.owner == call.owner:
             if answer is not True:
                 return []
@@ -156,7 +157,7 @@ def step(
             return [_tenure(call.owner, ttl, token, min_token, start, end)]
         return [state] if answer is False else []
     # Transfer: only a live tenure of from_owner moves, to a new tenure.
-    if held is not None and alive and held.owner == call.from_owner:
+    if held is not None and alive and held.owner == call.owner:
         if answer is not True:
             return []
         ttl = timing.granted(call.ttl_ms)
@@ -165,7 +166,7 @@ def step(
 
 
 def _acquire(
-    state: KeyState, call: Acquire, answer: Answer, start: float, end: float, timing: Timing
+    state: KeyState, call: Call, answer: Answer, start: float, end: float, timing: Timing
 ) -> list[KeyState]:
     if not isinstance(answer, AcquireResult):
         return []

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -82,17 +81,21 @@ def workers(configs: list[Config]) -> Iterator[list[subprocess.Popen[bytes]]]:
                     )
                 )
         yield started
-    finally:
-        for worker in started:
-            if worker.poll() is None:
-                os.kill(worker.pid, signal.SIGCONT)
-                worker.terminate()
-        for worker in started:
-            try:
-                worker.wait(20)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait(10)
+    finally:  # the nemesis has resumed any it froze
+        stop_workers(started)
+
+
+def stop_workers(started: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM (a worker finishes its tenure and exits), then SIGKILL after 20 s."""
+    for worker in started:
+        if worker.poll() is None:
+            worker.terminate()
+    for worker in started:
+        try:
+            worker.wait(20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(10)
 
 
 def leases_left(cluster: EtcdCluster, within: float) -> int:
@@ -149,10 +152,7 @@ def chaos_run(tmp_path: Path, seconds: float, min_faults: int) -> Report:
                 nemesis.run(seconds, min_faults)
             finally:
                 nemesis.resume_all()
-            for worker in started:
-                worker.terminate()
-            for worker in started:
-                worker.wait(30)
+            stop_workers(started)
         left = leases_left(cluster, within=2 * TTL_MS / 1000 + 8)
         records = read_history([config.log_path for config in configs])
         ext_log = list(register.log)

@@ -118,31 +118,21 @@ class Worker:
             await asyncio.sleep(self.random.uniform(0.05, 0.25))
 
     async def transfer(self, lease: HeldLease) -> None:
-        heir = self.config.name + "-heir"
-        start = time.monotonic()
+        heir, start = self.config.name + "-heir", time.monotonic()
         try:
             await lease.transfer(heir)
+            outcome = "ok"
         except LeaseLost:
-            self.record(
-                "transfer",
-                lease.key,
-                lease.token,
-                start=start,
-                end=time.monotonic(),
-                outcome="lost",
-            )
-            return
+            outcome = "lost"
+        end = time.monotonic()
         self.record(
-            "transfer",
-            lease.key,
-            lease.token,
-            start=start,
-            end=time.monotonic(),
-            outcome="ok",
-            to=heir,
+            "transfer", lease.key, lease.token, start=start, end=end, outcome=outcome, to=heir
         )
-        owner = await self.provider.get_lease_owner(lease.key)
-        self.record("read_owner", lease.key, lease.token, after="transfer", owner=owner, to=heir)
+        if outcome == "ok":
+            owner = await self.provider.get_lease_owner(lease.key)
+            self.record(
+                "read_owner", lease.key, lease.token, after="transfer", owner=owner, to=heir
+            )
 
     async def watch_loss(self, lease: HeldLease) -> None:
         """Record when the tenure ends, and what the holder's own clock still promised."""
