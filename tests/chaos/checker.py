@@ -81,15 +81,18 @@ class Tenure:
     token: int
     acquired_at: float
     last_valid_act: float | None = None  # the last act with remaining() > 0
-    lost: Record | None = None
+    early_deletion: Record | None = None  # a loss etcd caused before the holder's deadline
 
 
 def _tenures(records: Sequence[Record]) -> dict[tuple[str, int], Tenure]:
     tenures: dict[tuple[str, int], Tenure] = {}
     for record in records:
+        # A holder that lost its tenure on its own clock while etcd kept the key may
+        # acquire it again: the same tenure (same token), held since the first time.
         if record["op"] == "acquire" and record["outcome"] == "ok":
-            tenures[(record["key"], record["token"])] = Tenure(
-                record["worker"], record["key"], record["token"], record["end"]
+            tenures.setdefault(
+                (record["key"], record["token"]),
+                Tenure(record["worker"], record["key"], record["token"], record["end"]),
             )
     for record in records:
         tenure = tenures.get((record.get("key", ""), record.get("token") or 0))
@@ -97,8 +100,8 @@ def _tenures(records: Sequence[Record]) -> dict[tuple[str, int], Tenure]:
             continue
         if record["op"] in ("etcd_write", "ext_write") and record["remaining"] > 0:
             tenure.last_valid_act = max(tenure.last_valid_act or 0.0, record["start"])
-        elif record["op"] == "lost":
-            tenure.lost = record
+        elif record["op"] == "lost" and _deleted_early(record):
+            tenure.early_deletion = tenure.early_deletion or record
     return tenures
 
 
@@ -112,13 +115,10 @@ def _recent_stall(faults: Sequence[Record], at: float) -> Record | None:
     return max(stalls, key=lambda f: f["heal"], default=None)
 
 
-def _early_deletion(tenure: Tenure) -> bool:
-    lost = tenure.lost
-    return (
-        lost is not None
-        and any(reason in lost["reason"] for reason in DELETED_BY_ETCD)
-        and lost["at"] < lost["deadline"]
-    )
+def _deleted_early(lost: Record) -> bool:
+    """The key vanished (etcd's doing) while the holder's clock still gave it time."""
+    by_etcd = any(reason in lost["reason"] for reason in DELETED_BY_ETCD)
+    return by_etcd and lost["at"] < lost["deadline"]
 
 
 def check_overlaps(
@@ -142,7 +142,7 @@ def check_overlaps(
                     f"{later.token}) at {later.acquired_at:.3f}"
                 )
                 stall = _recent_stall(faults, later.acquired_at)
-                if _early_deletion(earlier) and stall is not None and affected_by_15247(version):
+                if earlier.early_deletion and stall is not None and affected_by_15247(version):
                     report.bug_15247.append(Finding("overlap after early deletion", key, detail))
                 else:
                     report.violations.append(Finding("overlapping tenures", key, detail))
@@ -153,10 +153,9 @@ def check_early_deletions(
 ) -> None:
     """Keys etcd deleted while their holders' clocks still gave them time."""
     for tenure in tenures:
-        if not _early_deletion(tenure):
+        lost = tenure.early_deletion
+        if lost is None:
             continue
-        assert tenure.lost is not None
-        lost = tenure.lost
         stall = _recent_stall(faults, lost["at"])
         detail = (
             f"{tenure.worker} (token {tenure.token}) saw {lost['reason']!r} at {lost['at']:.3f}, "

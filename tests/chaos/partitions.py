@@ -11,6 +11,7 @@ deletes the routes. Needs root and ``ip`` (iproute2); :meth:`create` raises
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -44,6 +45,7 @@ class Partitions:
     def create(self) -> None:
         if os.geteuid() != 0 or shutil.which("ip") is None:
             raise PartitionsUnsupported("network namespaces need root and iproute2's 'ip'")
+        atexit.register(self.destroy)  # should the test process end without its finally
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
             self._created.append("bridge")

@@ -179,3 +179,20 @@ def test_affected_versions() -> None:
     assert affected_by_15247("3.4.23") and affected_by_15247("3.5.1")
     assert not affected_by_15247("3.4.30") and not affected_by_15247("3.5.13")
     assert not affected_by_15247("3.6.0")
+
+
+def test_a_tenure_acquired_again_by_its_holder_is_one_tenure() -> None:
+    # w lost it on its own clock (a frozen leader), etcd kept the key, w took it back.
+    records = [
+        acquire("a", 10, 1.0),
+        write("ext_write", "a", 10, 1.1),
+        lost("a", 10, 3.0, "deadline passed without a renewal", 3.0),
+        acquire("a", 10, 3.5),
+        write("ext_write", "a", 10, 3.6),
+        *ended("release", "a", 10, 3.7, None),
+        acquire("b", 12, 3.8),
+        write("ext_write", "b", 12, 3.9),
+    ]
+    report = run(records, ext_log=[ext(10), ext(10), ext(12)])
+    assert report.violations == []
+    assert report.figures["tenures"] == 2

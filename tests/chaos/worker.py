@@ -108,7 +108,7 @@ class Worker:
                     else "rejected"
                 )
             except LeaseError as exc:
-                outcome = f"error: {type(exc).__name__}"
+                outcome = f"error: {type(exc).__name__}: {exc}"
             self.record(
                 "etcd_write", key, token, start=start, end=time.monotonic(),
                 remaining=remaining, outcome=outcome, seq=seq,
