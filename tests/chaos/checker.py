@@ -106,11 +106,15 @@ def _tenures(records: Sequence[Record]) -> dict[tuple[str, int], Tenure]:
 
 
 def _recent_stall(faults: Sequence[Record], at: float) -> Record | None:
-    """The leader stall that healed last before ``at``, within the bug's window."""
+    """The leader stall that healed last before ``at``, within the bug's window.
+
+    Half a second of slack before the heal: the member runs again a moment before the
+    nemesis notes the time.
+    """
     stalls = [
         f
         for f in faults
-        if f["kind"] in LEADER_STALLS and f["heal"] <= at <= f["heal"] + BUG_15247_WINDOW
+        if f["kind"] in LEADER_STALLS and f["heal"] - 0.5 <= at <= f["heal"] + BUG_15247_WINDOW
     ]
     return max(stalls, key=lambda f: f["heal"], default=None)
 
