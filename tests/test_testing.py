@@ -353,6 +353,27 @@ def test_tls_needs_tls_for_client_cert_auth() -> None:
         _ = cluster.ca_cert
 
 
+def test_members_run_through_a_command_prefix_on_their_hosts(etcd_binary: str) -> None:
+    # The chaos suite runs members as ``ip netns exec NS etcd`` on namespace addresses
+    # (tests/chaos/partitions.py); ``env`` execs etcd the same way.
+    with EtcdCluster(
+        1, binary=etcd_binary, hosts=["127.0.0.1"], command_prefixes=[["env", "X_MEMBER=1"]]
+    ) as cluster:
+        member = cluster.members[0]
+        assert member.command()[:3] == ["env", "X_MEMBER=1", etcd_binary]
+        assert member.endpoint.startswith("127.0.0.1:") and cluster.endpoints == [member.endpoint]
+        with open(f"/proc/{member.pid}/environ", "rb") as environ:
+            assert b"X_MEMBER=1" in environ.read().split(b"\0")  # the pid is etcd's own
+        cluster.etcdctl("put", "k", "v")
+        member.pause()
+        assert not member.is_healthy(timeout=0.3)
+        member.resume()
+        member.wait_ready()
+        assert _get(cluster, "k") == "v"
+    with pytest.raises(ValueError, match="one entry per member"):
+        EtcdCluster(3, hosts=["127.0.0.1"])
+
+
 # -- pytest plugin ----------------------------------------------------------
 
 
