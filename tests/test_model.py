@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
@@ -170,11 +171,12 @@ class LeaseMachine(RuleBasedStateMachine):
 
 
 def test_random_call_sequences_get_answers_the_contract_allows(etcd: EtcdCluster) -> None:
+    """Eight sequences by default (time passes for real); MODEL_EXAMPLES=200 for a soak."""
     LeaseMachine.endpoints = etcd.endpoints
     run_state_machine_as_test(
         LeaseMachine,
         settings=settings(
-            max_examples=8,
+            max_examples=int(os.environ.get("MODEL_EXAMPLES", "8")),
             stateful_step_count=12,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],

@@ -36,14 +36,18 @@ BUG_15247_WINDOW = 5.0
 LEADER_STALLS = frozenset({"pause_leader", "partition_leader"})
 # Reasons a holder gives when etcd, not the holder, ended the tenure.
 DELETED_BY_ETCD = ("deleted or expired", "does not exist")
-# Versions with the fix of etcd bug 15247 (etcd PR 16822 and its backports).
-FIXED_15247 = {3: {4: 30, 5: 13}}
+# The first fixed release of each line (etcd PR 16822 in 3.6.0, backports PR 17425 and
+# PR 17465); earlier lines are affected. (The library's own check, after the defects
+# branch is merged, is etcd_leases.etcd.version.has_bug_15247.)
+FIXED_15247 = {(3, 4): 31, (3, 5): 13}
 
 
 def affected_by_15247(version: str) -> bool:
     major, minor, patch = (int(part) for part in version.split(".")[:3])
-    fixed = FIXED_15247.get(major, {}).get(minor)
-    return fixed is not None and patch < fixed
+    if (major, minor) >= (3, 6):
+        return False
+    fixed = FIXED_15247.get((major, minor))
+    return fixed is None or patch < fixed
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 kills, freezes and partitions members and freezes workers; the checker then reads
 the history. Fails on any safety violation; prints its figures either way.
 
-``python -m pytest tests/chaos -s`` runs the CI run (at least 20 faults, about two
+``python -m pytest tests/chaos`` runs the CI run (at least 20 faults, about two
 minutes, against the newest etcd found); ``CHAOS_SECONDS=600 python -m pytest
-tests/chaos -s -k soak`` runs a longer soak (skipped unless CHAOS_SECONDS is set);
+tests/chaos -k soak`` runs a longer soak (skipped unless CHAOS_SECONDS is set);
 ``CHAOS_ETCD=/usr/bin/etcd`` picks another etcd binary.
 """
 
@@ -53,17 +53,16 @@ def chosen_etcd() -> str:
 
 
 @contextlib.contextmanager
-def network(size: int) -> Iterator[Partitions | None]:
+def network(size: int) -> Iterator[tuple[Partitions | None, str]]:
     """Members in network namespaces if this machine allows it, else on 127.0.0.1."""
     partitions = Partitions(size)
     try:
         partitions.create()
     except PartitionsUnsupported as exc:
-        print(f"\nchaos: partitions SKIPPED ({exc}); members run on 127.0.0.1")
-        yield None
+        yield None, f"SKIPPED ({exc}); members on 127.0.0.1"
         return
     try:
-        yield partitions
+        yield partitions, "between members in network namespaces"
     finally:
         partitions.destroy()
 
@@ -121,12 +120,14 @@ def read_history(paths: list[str]) -> list[Record]:
     return records
 
 
-def chaos_run(tmp_path: Path, seconds: float, min_faults: int) -> Report:
+def chaos_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], seconds: float, min_faults: int
+) -> Report:
     binary = chosen_etcd()
     version = etcd_version(binary)
     prefix = unique_prefix()
     with (
-        network(3) as partitions,
+        network(3) as (partitions, partitioned),
         EtcdCluster(
             3,
             binary=binary,
@@ -168,10 +169,11 @@ def chaos_run(tmp_path: Path, seconds: float, min_faults: int) -> Report:
     report = check(records, ext_log, nemesis.faults, left, version)
     report.figures["seconds"] = round(time.monotonic() - began, 1)
     report.figures["leases at exit (heirs' tenures)"] = f"{at_exit} ({len(heirs)})"
-    report.figures["partitions"] = "network namespaces" if partitions else "SKIPPED"
+    report.figures["partitions"] = partitioned
     (tmp_path / "faults.json").write_text(json.dumps(nemesis.faults, indent=1))
-    print(f"\nchaos history (one JSONL per worker, faults.json) in {tmp_path}")
-    print(report.summary())
+    with capsys.disabled():  # the figures are printed even when the run passes
+        print(f"\nchaos history (one JSONL per worker, faults.json) in {tmp_path}")
+        print(report.summary())
     return report
 
 
@@ -183,12 +185,12 @@ def assert_safe(report: Report, min_faults: int) -> None:
 
 
 @pytest.mark.timeout(2 * CI_SECONDS + 150)
-def test_chaos(tmp_path: Path) -> None:
-    assert_safe(chaos_run(tmp_path, CI_SECONDS, CI_FAULTS), CI_FAULTS)
+def test_chaos(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert_safe(chaos_run(tmp_path, capsys, CI_SECONDS, CI_FAULTS), CI_FAULTS)
 
 
 @pytest.mark.skipif(not os.environ.get("CHAOS_SECONDS"), reason="a soak: set CHAOS_SECONDS")
 @pytest.mark.timeout(2 * float(os.environ.get("CHAOS_SECONDS") or 0) + 150)
-def test_chaos_soak(tmp_path: Path) -> None:
+def test_chaos_soak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     seconds = float(os.environ["CHAOS_SECONDS"])
-    assert_safe(chaos_run(tmp_path, seconds, int(seconds / 4)), int(seconds / 4))
+    assert_safe(chaos_run(tmp_path, capsys, seconds, int(seconds / 4)), int(seconds / 4))

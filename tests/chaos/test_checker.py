@@ -177,7 +177,8 @@ def test_overlap_after_a_15247_deletion_is_reported_separately() -> None:
 
 def test_affected_versions() -> None:
     assert affected_by_15247("3.4.23") and affected_by_15247("3.5.1")
-    assert not affected_by_15247("3.4.30") and not affected_by_15247("3.5.13")
+    assert affected_by_15247("3.4.30") and affected_by_15247("3.3.27")
+    assert not affected_by_15247("3.4.31") and not affected_by_15247("3.5.13")
     assert not affected_by_15247("3.6.0")
 
 
