@@ -28,14 +28,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from etcd_leases.etcd.keepalive import LEASE_NOT_FOUND
+
 Record = dict[str, Any]
 
 # How long after a stalled leader resumes etcd bug 15247 may still delete keys early.
 BUG_15247_WINDOW = 5.0
 # Fault kinds that stall an etcd leader (the trigger of bug 15247).
 LEADER_STALLS = frozenset({"pause_leader", "partition_leader"})
-# Reasons a holder gives when etcd, not the holder, ended the tenure.
-DELETED_BY_ETCD = ("deleted or expired", "does not exist")
+# Reasons a holder gives when etcd, not the holder, ended the tenure: the key's watch
+# saw it deleted, or a keep-alive was told the lease is gone.
+DELETED_BY_ETCD = ("deleted or expired", LEASE_NOT_FOUND)
 # The first fixed release of each line (etcd PR 16822 in 3.6.0, backports PR 17425 and
 # PR 17465); earlier lines are affected. (The library's own check, after the defects
 # branch is merged, is etcd_leases.etcd.version.has_bug_15247.)

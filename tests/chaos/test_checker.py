@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from etcd_leases.etcd.keepalive import DEADLINE_PASSED, LEASE_NOT_FOUND
 from tests.chaos.checker import Record, Report, affected_by_15247, check
 
 V = "3.4.23"
@@ -160,6 +161,12 @@ def test_early_deletion_is_ours_unless_a_leader_stall_explains_it_on_an_affected
     assert "pause_leader healed 0.010 s before" in report.bug_15247[0].detail
     fixed = run(early, ext_log=[], faults=stall, version="3.5.13")
     assert kinds(fixed) == {"early deletion"} and fixed.bug_15247 == []
+    # A keep-alive told the lease is gone counts as etcd's doing too; the holder's own
+    # clock running out does not (that is the deadline, not early).
+    early[-1] = lost("a", 10, 1.2, LEASE_NOT_FOUND, 3.0)
+    assert kinds(run(early, ext_log=[])) == {"early deletion"}
+    early[-1] = lost("a", 10, 3.0, DEADLINE_PASSED, 3.0)
+    assert run(early, ext_log=[]).violations == []
 
 
 def test_overlap_after_a_15247_deletion_is_reported_separately() -> None:
