@@ -19,7 +19,13 @@ from typing import Any, ClassVar
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from etcd_leases import (
     EtcdLeaseProvider,
@@ -46,6 +52,8 @@ from tests.lease_model import (
 KEYS = ["k", "thread\x00one", "ключ"]
 OWNERS = ["alice", "bob", "carol"]
 TTLS = [1000, 1500, 2000, 3000]  # etcd grants 1 s, 2 s, 2 s and 3 s
+EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "8"))
+MAX_SLEEP_PER_EXAMPLE = 6.0  # seconds: bounds the run, and is past every TTL and slack
 
 calls = st.one_of(
     st.builds(model.acquire, st.sampled_from(OWNERS), st.sampled_from(TTLS)),
@@ -133,6 +141,7 @@ class LeaseMachine(RuleBasedStateMachine):
             System("memory", InMemoryLeaseProvider(), MEMORY),
             System("etcd", etcd, ETCD),
         ]
+        self.slept = 0.0
 
     @rule(call=keyed_calls)
     def one_call(self, call: tuple[int, Call]) -> None:
@@ -152,9 +161,11 @@ class LeaseMachine(RuleBasedStateMachine):
                 self.loop.run_until_complete(make(system.provider))
             system.history.append(f"bad call ({name}) refused")
 
+    @precondition(lambda self: self.slept < MAX_SLEEP_PER_EXAMPLE)
     @rule(seconds=st.sampled_from([0.3, 1.1, 2.3]))
     def time_passes(self, seconds: float) -> None:
         time.sleep(seconds)
+        self.slept += seconds
         for system in self.systems:
             system.history.append(f"slept {seconds} s")
 
@@ -170,13 +181,14 @@ class LeaseMachine(RuleBasedStateMachine):
         self.loop.close()
 
 
+@pytest.mark.timeout(60 + 12 * EXAMPLES)
 def test_random_call_sequences_get_answers_the_contract_allows(etcd: EtcdCluster) -> None:
     """Eight sequences by default (time passes for real); MODEL_EXAMPLES=200 for a soak."""
     LeaseMachine.endpoints = etcd.endpoints
     run_state_machine_as_test(
         LeaseMachine,
         settings=settings(
-            max_examples=int(os.environ.get("MODEL_EXAMPLES", "8")),
+            max_examples=EXAMPLES,
             stateful_step_count=12,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
