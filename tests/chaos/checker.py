@@ -89,6 +89,7 @@ class Tenure:
     acquired_at: float
     last_valid_act: float | None = None  # the last act with remaining() > 0
     early_deletion: Record | None = None  # a loss etcd caused before the holder's deadline
+    released_at: float | None = None  # when its holder began to release it
 
 
 def _tenures(records: Sequence[Record]) -> dict[tuple[str, int], Tenure]:
@@ -109,6 +110,12 @@ def _tenures(records: Sequence[Record]) -> dict[tuple[str, int], Tenure]:
             tenure.last_valid_act = max(tenure.last_valid_act or 0.0, record["start"])
         elif record["op"] == "lost" and _deleted_early(record):
             tenure.early_deletion = tenure.early_deletion or record
+        elif record["op"] == "release":
+            tenure.released_at = record["start"]
+    for tenure in tenures.values():
+        deleted, released = tenure.early_deletion, tenure.released_at
+        if deleted is not None and released is not None and deleted["at"] >= released:
+            tenure.early_deletion = None  # the holder's own release, seen by its watch
     return tenures
 
 

@@ -44,6 +44,7 @@ def ended(
         "worker": worker,
         "key": "k",
         "token": token,
+        "start": at - 0.005,
         "end": at,
         "outcome": "ok",
         "to": to,
@@ -204,3 +205,13 @@ def test_a_tenure_acquired_again_by_its_holder_is_one_tenure() -> None:
     report = run(records, ext_log=[ext(10), ext(10), ext(12)])
     assert report.violations == []
     assert report.figures["tenures"] == 2
+
+
+def test_the_holders_own_release_seen_by_its_watch_is_not_an_early_deletion() -> None:
+    records = [
+        acquire("a", 10, 1.0),
+        write("ext_write", "a", 10, 1.1),
+        *ended("release", "a", 10, 1.3, None),  # began at 1.295
+        lost("a", 10, 1.297, "the key was released, deleted or expired", 3.0),
+    ]
+    assert run(records, ext_log=[]).violations == []
