@@ -129,6 +129,14 @@ class System:
         self.states = allowed
 
 
+async def cancel_the_rest() -> None:
+    """Cancel calls left running (by a batch one of whose calls failed) and wait for them."""
+    left = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in left:
+        task.cancel()
+    await asyncio.gather(*left, return_exceptions=True)
+
+
 class LeaseMachine(RuleBasedStateMachine):
     endpoints: ClassVar[list[str]] = []
 
@@ -173,11 +181,7 @@ class LeaseMachine(RuleBasedStateMachine):
             close = getattr(system.provider, "close", None)
             if close is not None:
                 self.loop.run_until_complete(close())
-        # Calls left running by a batch one of whose calls failed.
-        left = asyncio.all_tasks(self.loop)
-        for task in left:
-            task.cancel()
-        self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        self.loop.run_until_complete(cancel_the_rest())
         self.loop.close()
 
 
