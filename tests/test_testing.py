@@ -84,7 +84,7 @@ def test_bad_etcd_bin_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 def test_no_etcd_names_all_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("ETCD_BIN", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(testing, "_distro_binary", lambda name="etcd": None)
+    monkeypatch.setattr(testing.binaries, "_distro_binary", lambda name="etcd": None)
     with pytest.raises(RuntimeError) as info:
         find_etcd_binary()
     message = str(info.value)
@@ -187,7 +187,7 @@ def test_stop_leaves_nothing(etcd_binary: str, tmp_path: Path) -> None:
     assert not os.path.exists(directory)
     assert list(tmp_path.iterdir()) == []
     cluster.stop()  # idempotent
-    assert not set(pids) & set(testing._processes)
+    assert not set(pids) & set(testing.registry._processes)
 
 
 def test_graceful_stop(etcd_binary: str) -> None:
@@ -218,7 +218,7 @@ def test_port_conflict_is_retried(monkeypatch: pytest.MonkeyPatch, etcd_binary: 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
-    real_reserve = testing._reserve_ports
+    real_reserve = testing.registry._reserve_ports
     calls: list[int] = []
 
     def reserve(count: int) -> list[int]:
@@ -228,7 +228,7 @@ def test_port_conflict_is_retried(monkeypatch: pytest.MonkeyPatch, etcd_binary: 
             ports[0] = taken.getsockname()[1]  # the first member's client port is taken
         return ports
 
-    monkeypatch.setattr(testing, "_reserve_ports", reserve)
+    monkeypatch.setattr(testing.cluster, "_reserve_ports", reserve)
     try:
         with EtcdCluster(1, binary=etcd_binary) as cluster:
             assert len(calls) == 2
@@ -351,6 +351,27 @@ def test_tls_needs_tls_for_client_cert_auth() -> None:
     cluster = EtcdCluster(1)
     with pytest.raises(RuntimeError, match="TLS"):
         _ = cluster.ca_cert
+
+
+def test_members_run_through_a_command_prefix_on_their_hosts(etcd_binary: str) -> None:
+    # The chaos suite runs members as ``ip netns exec NS etcd`` on namespace addresses
+    # (tests/chaos/partitions.py); ``env`` execs etcd the same way.
+    with EtcdCluster(
+        1, binary=etcd_binary, hosts=["127.0.0.1"], command_prefixes=[["env", "X_MEMBER=1"]]
+    ) as cluster:
+        member = cluster.members[0]
+        assert member.command()[:3] == ["env", "X_MEMBER=1", etcd_binary]
+        assert member.endpoint.startswith("127.0.0.1:") and cluster.endpoints == [member.endpoint]
+        with open(f"/proc/{member.pid}/environ", "rb") as environ:
+            assert b"X_MEMBER=1" in environ.read().split(b"\0")  # the pid is etcd's own
+        cluster.etcdctl("put", "k", "v")
+        member.pause()
+        assert not member.is_healthy(timeout=0.3)
+        member.resume()
+        member.wait_ready()
+        assert _get(cluster, "k") == "v"
+    with pytest.raises(ValueError, match="one entry per member"):
+        EtcdCluster(3, hosts=["127.0.0.1"])
 
 
 # -- pytest plugin ----------------------------------------------------------

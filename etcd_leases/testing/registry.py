@@ -1,0 +1,98 @@
+"""Bookkeeping of what this process started: etcd processes, temporary directories, ports.
+
+An :mod:`atexit` hook kills (by pid) every etcd still running when the interpreter
+exits and removes the temporary directories of clusters that were never stopped.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Sequence
+
+_HOST = "127.0.0.1"
+
+_registry_lock = threading.Lock()
+# pid -> (pid of the Python process that started it, process)
+_processes: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
+# temporary directory -> pid of the Python process that created it
+_directories: dict[str, int] = {}
+# ports handed out to clusters that have not been stopped yet
+_reserved_ports: set[int] = set()
+
+
+def _register_process(process: subprocess.Popen[bytes]) -> None:
+    with _registry_lock:
+        _processes[process.pid] = (os.getpid(), process)
+
+
+def _forget_process(process: subprocess.Popen[bytes]) -> None:
+    with _registry_lock:
+        entry = _processes.get(process.pid)
+        if entry is not None and entry[1] is process:
+            del _processes[process.pid]
+
+
+def _cleanup_at_exit() -> None:
+    """Kill every etcd this interpreter started and that is still running."""
+    me = os.getpid()
+    with _registry_lock:
+        processes = [proc for owner, proc in _processes.values() if owner == me]
+        directories = [path for path, owner in _directories.items() if owner == me]
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(OSError):
+                process.kill()
+        with contextlib.suppress(Exception):
+            process.wait(timeout=10)
+        _forget_process(process)
+    for path in directories:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+atexit.register(_cleanup_at_exit)
+
+
+def free_ports(count: int = 1) -> list[int]:
+    """Return ``count`` distinct TCP ports on 127.0.0.1 that are free right now.
+
+    The ports are picked by the kernel (binding to port 0).  They are free when
+    returned, but nothing stops another process from taking them before etcd
+    binds them: :class:`EtcdCluster` retries with new ports when that happens.
+    Ports in use by clusters of this process that are not stopped are skipped.
+    """
+    sockets: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            if len(sockets) > count + 100:
+                raise RuntimeError("could not find free ports on 127.0.0.1")
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((_HOST, 0))
+            port = int(sock.getsockname()[1])
+            with _registry_lock:
+                if port in _reserved_ports:
+                    continue
+            ports.append(port)
+    finally:
+        for sock in sockets:
+            sock.close()
+    return ports
+
+
+def _reserve_ports(count: int) -> list[int]:
+    ports = free_ports(count)
+    with _registry_lock:
+        _reserved_ports.update(ports)
+    return ports
+
+
+def _release_ports(ports: Sequence[int]) -> None:
+    with _registry_lock:
+        _reserved_ports.difference_update(ports)

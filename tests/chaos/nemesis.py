@@ -1,0 +1,130 @@
+"""The nemesis: faults injected into a running cluster and its workers, one at a time.
+
+Each fault is recorded with the time it began and the time it healed (the moment
+the cluster or worker was whole again), for the checker's recovery figures and to
+tell etcd bug 15247's early deletions (after a leader stall) from ours.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from etcd_leases.testing import EtcdCluster, EtcdMember
+from tests.chaos.partitions import Partitions
+
+Fault = dict[str, Any]
+
+
+class Nemesis:
+    def __init__(
+        self,
+        cluster: EtcdCluster,
+        workers: Sequence[subprocess.Popen[bytes]],
+        ttl_ms: int,
+        partitions: Partitions | None,
+        seed: int,
+    ) -> None:
+        self.cluster = cluster
+        self.workers = workers
+        self.ttl = ttl_ms / 1000
+        self.partitions = partitions
+        self.random = random.Random(seed)
+        self.faults: list[Fault] = []
+        kinds: list[Callable[[], Fault]] = [
+            self.kill_leader,
+            self.pause_leader,
+            self.pause_follower,
+            self.pause_worker,
+        ]
+        if partitions is not None:
+            kinds += [self.partition_leader, self.partition_follower]
+        self.kinds = kinds
+
+    def run(self, seconds: float, min_faults: int) -> None:
+        """Inject faults until ``seconds`` passed and ``min_faults`` were made (at most 2x)."""
+        began = time.monotonic()
+        order: list[Callable[[], Fault]] = []
+        while True:
+            elapsed = time.monotonic() - began
+            if elapsed >= 2 * seconds or (elapsed >= seconds and len(self.faults) >= min_faults):
+                return
+            if not order:  # every kind in turn, in a shuffled order
+                order = self.random.sample(self.kinds, len(self.kinds))
+            self.faults.append(order.pop()())
+            time.sleep(self.random.uniform(0.3, 0.8))
+
+    def _leader(self) -> EtcdMember:
+        return self.cluster.leader(timeout=20)
+
+    def _follower(self) -> EtcdMember:
+        leader = self._leader()
+        return self.random.choice([m for m in self.cluster.members if m is not leader])
+
+    def _fault(self, kind: str, start: float, target: str) -> Fault:
+        return {"kind": kind, "start": start, "heal": time.monotonic(), "target": target}
+
+    def kill_leader(self) -> Fault:
+        member, start = self._leader(), time.monotonic()
+        member.kill()
+        time.sleep(self.random.uniform(0.5, 1.5))
+        member.start()
+        return self._fault("kill_leader", start, member.name)
+
+    def _pause(self, kind: str, member: EtcdMember, low: float, high: float) -> Fault:
+        start = time.monotonic()
+        member.pause()
+        try:
+            time.sleep(self.random.uniform(low, high))
+        finally:
+            member.resume()
+        return self._fault(kind, start, member.name)
+
+    def pause_leader(self) -> Fault:
+        return self._pause("pause_leader", self._leader(), 1.0, 3.0)
+
+    def pause_follower(self) -> Fault:
+        return self._pause("pause_follower", self._follower(), 1.0, 2.5)
+
+    def pause_worker(self) -> Fault:
+        """Freeze a worker past its TTL: it wakes up believing nothing happened."""
+        worker, start = self.random.choice(list(self.workers)), time.monotonic()
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            time.sleep(self.ttl + self.random.uniform(0.5, 1.5))
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+        return self._fault("pause_worker", start, str(worker.pid))
+
+    def _partition(self, kind: str, member: EtcdMember) -> Fault:
+        """Cut ``member`` off from the other members (clients still reach every member)."""
+        assert self.partitions is not None
+        start = time.monotonic()
+        self.partitions.isolate(member.name)
+        try:
+            time.sleep(self.random.uniform(1.0, 3.0))
+        finally:
+            self.partitions.heal()
+        return self._fault(kind, start, member.name)
+
+    def partition_leader(self) -> Fault:
+        return self._partition("partition_leader", self._leader())
+
+    def partition_follower(self) -> Fault:
+        return self._partition("partition_follower", self._follower())
+
+    def resume_all(self) -> None:
+        """Undo any fault left half done (called when the run ends, whatever happened)."""
+        for member in self.cluster.members:
+            if member.paused:
+                member.resume()
+        for worker in self.workers:
+            if worker.poll() is None:
+                os.kill(worker.pid, signal.SIGCONT)
+        if self.partitions is not None:
+            self.partitions.heal()
