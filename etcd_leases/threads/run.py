@@ -1,0 +1,97 @@
+"""A thread's runs: take the thread, run the handler, then hand off or release.
+
+How a run ends decides whether a message can be stranded, so it is done in one of
+two atomic steps, never a plain release:
+
+- the inbox is empty: ``release_if_empty`` frees the thread in the same transaction
+  that checks the inbox is still empty. A message sent a moment earlier makes it
+  fail (and the thread is handed off below); one sent a moment later finds the
+  thread free, so its sender, or a serving worker, starts the next run.
+- messages are waiting: the lease is transferred to a follow-up run of this
+  process (``transfer_lease``: the thread is never free in between), which reads
+  the inbox afresh and handles them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+
+from etcd_leases.errors import LeaseLost
+from etcd_leases.hold import HeldLease, adopt, hold
+from etcd_leases.inbox import InboxProvider
+from etcd_leases.threads.messages import ThreadMessages
+
+_log = logging.getLogger("etcd_leases.threads")
+
+#: ``handler(thread, lease, messages)``: one run of a thread (see :class:`ThreadMessages`).
+Handler = Callable[[str, HeldLease, ThreadMessages], Awaitable[None]]
+
+
+class ThreadRunner:
+    """Runs one thread: its first run and every follow-up, until the thread is released."""
+
+    def __init__(
+        self,
+        provider: InboxProvider,
+        handler: Handler,
+        thread: str,
+        key: str,
+        new_owner: Callable[[], str],
+        ttl_ms: int,
+        linger: float,
+    ) -> None:
+        self._provider = provider
+        self._handler = handler
+        self._thread = thread
+        self._key = key
+        self._new_owner = new_owner
+        self._ttl_ms = ttl_ms
+        self._linger = linger
+
+    async def run(self) -> None:
+        """Take the thread (``LeaseHeld`` if someone holds it) and run it until released.
+
+        Raises ``LeaseLost`` if a run lost the thread (its messages stay in the inbox
+        for whoever takes it next), or the handler's own exception (the thread is
+        released; its unacknowledged messages are delivered to the next run).
+        """
+        tenure: AbstractAsyncContextManager[HeldLease] | None = hold(
+            self._provider, self._key, self._new_owner(), self._ttl_ms
+        )
+        while tenure is not None:
+            async with tenure as lease:
+                await self._run_once(lease)
+                tenure = await self._end(lease)
+
+    async def _run_once(self, lease: HeldLease) -> None:
+        """The handler, cancelled (``LeaseLost``) the moment the run loses the thread."""
+        messages = ThreadMessages(self._provider.inbox, lease, self._thread, self._linger)
+        work = asyncio.ensure_future(self._handler(self._thread, lease, messages))
+        lost = asyncio.ensure_future(lease.lost.wait())
+        try:
+            await asyncio.wait((work, lost), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, lost):
+                task.cancel()
+            await asyncio.gather(work, lost, return_exceptions=True)
+            await messages.close()
+        if not work.cancelled():
+            work.result()  # the handler's own exception, if any
+        lease.check()  # raises LeaseLost if the handler was cut short by the loss
+
+    async def _end(self, lease: HeldLease) -> AbstractAsyncContextManager[HeldLease] | None:
+        """Release the thread if its inbox is empty, else hand it to a follow-up run."""
+        inbox = self._provider.inbox
+        if await inbox.release_if_empty(self._key, lease.owner, lease.token, self._thread):
+            return None
+        follow_up = self._new_owner()
+        try:
+            await lease.transfer(follow_up)
+        except LeaseLost:
+            _log.warning("thread %r: %s lost it before handing it off", self._thread, lease.owner)
+            raise
+        _log.info("thread %r: %s handed off to %s", self._thread, lease.owner, follow_up)
+        return adopt(self._provider, self._key, follow_up, self._ttl_ms)
