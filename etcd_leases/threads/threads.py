@@ -20,7 +20,14 @@ import secrets
 import socket
 
 from etcd_leases.contract import check_key, check_owner, check_ttl_ms
-from etcd_leases.errors import LeaseError, LeaseHeld, LeaseLost, LeaseTypeError, LeaseValueError
+from etcd_leases.errors import (
+    LeaseError,
+    LeaseHeld,
+    LeaseLost,
+    LeaseTypeError,
+    LeaseValueError,
+    ProviderClosed,
+)
 from etcd_leases.inbox import (
     DEFAULT_MAX_PENDING,
     MAX_PAYLOAD_BYTES,
@@ -174,8 +181,11 @@ class Threads:
                         await self._wait_until_free(thread)
                 except LeaseLost as exc:
                     _log.warning("thread %r: a run lost it: %s", thread, exc)
-                except LeaseError:
-                    raise
+                except ProviderClosed:
+                    return
+                except LeaseError as exc:  # etcd unreachable, a stalled call: try again
+                    _log.warning("thread %r: %s; trying again", thread, exc)
+                    await asyncio.sleep(_RETRY_AFTER_S)
                 except Exception:
                     _log.exception("thread %r: the handler failed", thread)
                     await asyncio.sleep(_RETRY_AFTER_S)
