@@ -32,6 +32,7 @@ class ThreadMessages:
         self._arrived = asyncio.Event()
         self._started = asyncio.Event()  # the first batch (what was waiting) is in
         self._error: LeaseError | None = None
+        self._closed = False
         self._pump = asyncio.get_running_loop().create_task(self._receive())
 
     async def _receive(self) -> None:
@@ -52,13 +53,13 @@ class ThreadMessages:
     async def __anext__(self) -> Message:
         await self._started.wait()
         self._lease.check()
-        if not self._waiting and self._error is None:
+        if not self._waiting and self._error is None and not self._closed:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._linger):
                     await self._arrived.wait()
             self._lease.check()
-        if self._waiting:
+        if self._waiting and not self._closed:
             return self._waiting.popleft()
         if self._error is not None:
             raise self._error
@@ -75,5 +76,9 @@ class ThreadMessages:
             )
 
     async def close(self) -> None:
+        """End the iteration (a handler still waiting sees its end) and the watch."""
+        self._closed = True
+        self._started.set()
+        self._arrived.set()
         self._pump.cancel()
         await asyncio.gather(self._pump, return_exceptions=True)

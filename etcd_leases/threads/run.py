@@ -76,8 +76,8 @@ class ThreadRunner:
         finally:
             for task in (work, lost):
                 task.cancel()
+            await messages.close()  # first: a handler in a thread may be waiting on it
             await asyncio.gather(work, lost, return_exceptions=True)
-            await messages.close()
         if not work.cancelled():
             work.result()  # the handler's own exception, if any
         lease.check()  # raises LeaseLost if the handler was cut short by the loss
