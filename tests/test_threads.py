@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from etcd_leases import HeldLease, LeaseLost, NoopLeaseProvider
+from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseLost, NoopLeaseProvider
+from etcd_leases.etcd.inbox import EtcdInbox, default_inbox_prefix
 from etcd_leases.inbox import MAX_PAYLOAD_BYTES
 from etcd_leases.threads import Handler, InboxFull, Message, ThreadMessages, Threads
 from tests.conftest import Live
@@ -247,3 +248,13 @@ async def test_threads_do_not_see_each_others_messages(live: Live) -> None:
     await threads.send("a\0b", "for a-nul-b")
     await threads.send("a/0001/x", "for a/0001/x")
     assert [m.text for m in await live.provider.inbox.pending("a")] == ["for a"]
+
+
+@pytest.mark.parametrize(
+    ("lease_prefix", "inbox_root"),
+    [("/etcd-leases/", b"/etcd-leases.inbox/"), ("/app", b"/app\xff.inbox/"), ("", b"\xff.inbox/")],
+)
+def test_inboxes_never_fall_under_a_lease_key(lease_prefix: str, inbox_root: bytes) -> None:
+    assert default_inbox_prefix(lease_prefix) == inbox_root
+    with pytest.raises(ValueError, match="overlaps the lease prefix"):
+        EtcdInbox(EtcdLeaseProvider(prefix="/a/"), prefix="/a/inbox/")

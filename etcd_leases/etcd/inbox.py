@@ -1,7 +1,7 @@
 """EtcdInbox: the threads' inboxes as etcd keys beside the leases, each step one txn.
 
-Layout, under the inbox prefix (default: the lease prefix with ``.inbox/`` for its
-last ``/``, e.g. ``/etcd-leases.inbox/``)::
+Layout, under the inbox prefix (default: beside the lease prefix, e.g.
+``/etcd-leases.inbox/``; see :func:`default_inbox_prefix`)::
 
     seq/<thread>                          the thread's last seq, as decimal text
     msg/<thread>/<seq, 20 digits>.<nonce> one message; its value is the payload
@@ -57,30 +57,34 @@ _SEQ_DIGITS = 20
 _TXN_ATTEMPTS = 3
 
 
-def default_inbox_prefix(lease_prefix: str) -> str:
-    """``/etcd-leases/`` -> ``/etcd-leases.inbox/``; refused where it would overlap."""
+def default_inbox_prefix(lease_prefix: str) -> bytes:
+    """Where inboxes go by default: beside the leases, never under a lease key.
+
+    ``/etcd-leases/`` -> ``/etcd-leases.inbox/``. A prefix without a final ``/``
+    (or just ``/``) gets ``<prefix>\xff.inbox/`` instead: no UTF-8 key has an 0xFF
+    byte, so no lease key falls under it either.
+    """
     stem = lease_prefix.rstrip("/")
-    inbox_prefix = f"{stem}.inbox/"
-    if not lease_prefix.endswith("/") or not stem:
-        raise LeaseValueError(
-            f"cannot derive an inbox prefix from the lease prefix {lease_prefix!r} that no "
-            "lease key can fall under: pass inbox_prefix"
-        )
-    return inbox_prefix
+    if lease_prefix.endswith("/") and stem:
+        return f"{stem}.inbox/".encode()
+    return lease_prefix.encode("utf-8") + b"\xff.inbox/"
 
 
 class EtcdInbox:
     """The :class:`~etcd_leases.inbox.Inbox` capability on an :class:`EtcdBackend`."""
 
     def __init__(self, backend: EtcdBackend, prefix: str | None = None) -> None:
-        prefix = default_inbox_prefix(backend.prefix) if prefix is None else prefix
-        if not prefix or prefix.startswith(backend.prefix) or backend.prefix.startswith(prefix):
-            raise LeaseValueError(
-                f"the inbox prefix {prefix!r} overlaps the lease prefix {backend.prefix!r}"
-            )
+        if prefix is None:
+            root = default_inbox_prefix(backend.prefix)
+        else:
+            root, lease_prefix = prefix.encode("utf-8"), backend.prefix.encode("utf-8")
+            if not root or root.startswith(lease_prefix) or lease_prefix.startswith(root):
+                raise LeaseValueError(
+                    f"the inbox prefix {prefix!r} overlaps the lease prefix {backend.prefix!r}"
+                )
         self._backend = backend
         self._client = backend.client
-        self._root = prefix.encode("utf-8")
+        self._root = root
 
     # Keys.
 

@@ -113,8 +113,6 @@ class Threads:
         message = await self.provider.inbox.append(thread, data, self.max_pending)
         if run:
             await self.run(thread)
-        elif thread in self._tenders:
-            self._poked.add(thread)
         return message
 
     async def run(self, thread: str) -> bool:
