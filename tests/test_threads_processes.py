@@ -246,3 +246,14 @@ def check_history(history: list[Record], sent_here: list[Record], procs: Process
                 f"{payload} handled again although run {first['token']} did not lose it"
             )
             assert not any(a["token"] == first["token"] for a in acks)
+
+
+def test_the_example_runs_to_its_end(etcd: EtcdCluster) -> None:
+    example = os.path.join(ROOT, "examples", "agent_threads.py")
+    env = {**os.environ, "ETCDCTL_ENDPOINTS": ",".join(etcd.endpoints)}
+    done = subprocess.run(
+        [sys.executable, example], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "every one of the 17 messages has its reply; no thread is held" in done.stdout
+    assert "killed worker-" in done.stdout
