@@ -1,4 +1,4 @@
-"""One etcd ``Watch`` stream per provider, shared by every watcher of one exact key.
+"""One etcd ``Watch`` stream per provider, shared by every watcher (of a key or a range).
 
 Held leases need to see within milliseconds that their key was transferred or
 deleted, and a process may hold thousands of them; waiters and leader-election
@@ -80,7 +80,7 @@ class _StreamBroken(Exception):
 
 
 class Watcher:
-    """Changes of one exact key, from a start revision on, in revision order.
+    """Changes of one exact key (or range), from a start revision on, in revision order.
 
     ``async for batch in watcher`` yields lists of ``pb.Event``; an empty list means
     etcd compacted history this watcher still needed: re-read the key. Iteration ends
