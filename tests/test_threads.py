@@ -258,3 +258,18 @@ def test_inboxes_never_fall_under_a_lease_key(lease_prefix: str, inbox_root: byt
     assert default_inbox_prefix(lease_prefix) == inbox_root
     with pytest.raises(ValueError, match="overlaps the lease prefix"):
         EtcdInbox(EtcdLeaseProvider(prefix="/a/"), prefix="/a/inbox/")
+
+
+async def test_a_failing_handler_releases_the_thread_and_keeps_its_messages(live: Live) -> None:
+    async def fail(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        async for _ in messages:
+            raise RuntimeError("the model is down")
+
+    threads = Threads(live.provider, fail, ttl_ms=5000)
+    await threads.send("t", "x")
+    with pytest.raises(RuntimeError, match="the model is down"):
+        await threads.run("t")
+    assert await live.provider.get_lease_owner(threads.key("t")) is None
+    handled = Handled()
+    assert await Threads(live.provider, recorder(handled)).run("t")
+    assert handled.payloads("t") == ["x"]

@@ -170,11 +170,11 @@ class Threads:
         try:
             while True:
                 self._poked.discard(thread)
-                if not await self.provider.inbox.pending(thread):
-                    if thread in self._poked:
-                        continue  # a message came during the read
-                    return
                 try:
+                    if not await self.provider.inbox.pending(thread):
+                        if thread in self._poked:
+                            continue  # a message came during the read
+                        return
                     if not await self.run(thread):
                         await self._wait_until_free(thread)
                 except LeaseLost as exc:
