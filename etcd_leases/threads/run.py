@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 
 from etcd_leases.errors import LeaseLost
 from etcd_leases.hold import HeldLease, adopt, hold
@@ -30,26 +31,21 @@ _log = logging.getLogger("etcd_leases.threads")
 Handler = Callable[[str, HeldLease, ThreadMessages], Awaitable[None]]
 
 
+@dataclass(frozen=True)
 class ThreadRunner:
-    """Runs one thread: its first run and every follow-up, until the thread is released."""
+    """Runs one thread: its first run and every follow-up, until the thread is released.
 
-    def __init__(
-        self,
-        provider: InboxProvider,
-        handler: Handler,
-        thread: str,
-        key: str,
-        new_owner: Callable[[], str],
-        ttl_ms: int,
-        linger: float,
-    ) -> None:
-        self._provider = provider
-        self._handler = handler
-        self._thread = thread
-        self._key = key
-        self._new_owner = new_owner
-        self._ttl_ms = ttl_ms
-        self._linger = linger
+    ``new_owner()`` names each run (owners are unique per run, so a frozen run never
+    passes for a later one); ``key`` is the thread's lease key.
+    """
+
+    provider: InboxProvider
+    handler: Handler
+    thread: str
+    key: str
+    new_owner: Callable[[], str]
+    ttl_ms: int
+    linger: float
 
     async def run(self) -> None:
         """Take the thread (``LeaseHeld`` if someone holds it) and run it until released.
@@ -59,7 +55,7 @@ class ThreadRunner:
         released; its unacknowledged messages are delivered to the next run).
         """
         tenure: AbstractAsyncContextManager[HeldLease] | None = hold(
-            self._provider, self._key, self._new_owner(), self._ttl_ms
+            self.provider, self.key, self.new_owner(), self.ttl_ms
         )
         while tenure is not None:
             async with tenure as lease:
@@ -68,8 +64,8 @@ class ThreadRunner:
 
     async def _run_once(self, lease: HeldLease) -> None:
         """The handler, cancelled (``LeaseLost``) the moment the run loses the thread."""
-        messages = ThreadMessages(self._provider.inbox, lease, self._thread, self._linger)
-        work = asyncio.ensure_future(self._handler(self._thread, lease, messages))
+        messages = ThreadMessages(self.provider.inbox, lease, self.thread, self.linger)
+        work = asyncio.ensure_future(self.handler(self.thread, lease, messages))
         lost = asyncio.ensure_future(lease.lost.wait())
         try:
             await asyncio.wait((work, lost), return_when=asyncio.FIRST_COMPLETED)
@@ -84,14 +80,14 @@ class ThreadRunner:
 
     async def _end(self, lease: HeldLease) -> AbstractAsyncContextManager[HeldLease] | None:
         """Release the thread if its inbox is empty, else hand it to a follow-up run."""
-        inbox = self._provider.inbox
-        if await inbox.release_if_empty(self._key, lease.owner, lease.token, self._thread):
+        inbox = self.provider.inbox
+        if await inbox.release_if_empty(self.key, lease.owner, lease.token, self.thread):
             return None
-        follow_up = self._new_owner()
+        follow_up = self.new_owner()
         try:
             await lease.transfer(follow_up)
         except LeaseLost:
-            _log.warning("thread %r: %s lost it before handing it off", self._thread, lease.owner)
+            _log.warning("thread %r: %s lost it before handing it off", self.thread, lease.owner)
             raise
-        _log.info("thread %r: %s handed off to %s", self._thread, lease.owner, follow_up)
-        return adopt(self._provider, self._key, follow_up, self._ttl_ms)
+        _log.info("thread %r: %s handed off to %s", self.thread, lease.owner, follow_up)
+        return adopt(self.provider, self.key, follow_up, self.ttl_ms)
