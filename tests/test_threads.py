@@ -273,3 +273,11 @@ async def test_a_failing_handler_releases_the_thread_and_keeps_its_messages(live
     handled = Handled()
     assert await Threads(live.provider, recorder(handled)).run("t")
     assert handled.payloads("t") == ["x"]
+
+
+async def test_a_thread_with_nothing_waiting_is_not_run(live: Live) -> None:
+    handled = Handled()
+    threads = Threads(live.provider, recorder(handled))
+    assert await threads.run("idle")  # took the thread, found nothing, released it
+    assert handled.runs == []
+    assert await live.provider.get_lease_owner(threads.key("idle")) is None

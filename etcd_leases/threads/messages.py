@@ -47,6 +47,11 @@ class ThreadMessages:
         self._started.set()
         self._arrived.set()
 
+    async def any_waiting(self) -> bool:
+        """Whether anything was waiting when the run started (or has arrived since)."""
+        await self._started.wait()
+        return bool(self._waiting)
+
     def __aiter__(self) -> AsyncIterator[Message]:
         return self
 

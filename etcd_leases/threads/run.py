@@ -65,6 +65,9 @@ class ThreadRunner:
     async def _run_once(self, lease: HeldLease) -> None:
         """The handler, cancelled (``LeaseLost``) the moment the run loses the thread."""
         messages = ThreadMessages(self.provider.inbox, lease, self.thread, self.linger)
+        if not await messages.any_waiting():  # the handler only runs for messages
+            await messages.close()
+            return
         work = asyncio.ensure_future(self.handler(self.thread, lease, messages))
         lost = asyncio.ensure_future(lease.lost.wait())
         try:
