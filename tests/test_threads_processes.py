@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,11 +164,15 @@ async def test_no_message_lost_with_workers_killed_and_frozen(
     took = time.monotonic() - started
     check_history(history, sent, procs)
     handled = sum(record["ev"] == "handled" for record in history)
+    failed = Counter(r["error"].split(":")[0] for r in history if r["ev"] == "run_failed")
     print(
         f"\n{len(sent) + sum(r['ev'] == 'sent' for r in history)} messages, {handled} "
         f"handlings, killed {sorted(procs.killed)}, froze {sorted(procs.frozen)}, "
-        f"{took:.1f} s"
+        f"serverless runs failed: {dict(failed)}, {took:.1f} s"
     )
+    for record in history:  # shown, not hidden: see the report on acquire after a freeze
+        if record["ev"] == "run_failed" and not record["error"].startswith("LeaseLost"):
+            print("  serverless run failed:", record["error"])
 
 
 async def wait_for_serverless(logs: Path) -> None:

@@ -9,7 +9,6 @@ of the machine, so the parent can order events across processes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -18,7 +17,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseLost
+from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseError, LeaseLost
 from etcd_leases.threads import Handler, InboxFull, ThreadMessages, Threads
 
 TTL_MS = 1000
@@ -84,8 +83,12 @@ async def serverless(endpoints: str, prefix: str, name: str, path: str, count: s
                 continue
             log.write("sent", thread=thread, seq=message.seq, payload=payload)
             # What send(..., run=True) does, with the send recorded in between.
-            with contextlib.suppress(LeaseLost):  # our run lost the thread to another
+            try:
                 await threads.run(thread)
+            except LeaseError as exc:
+                # The invocation failed (its run lost the thread, or etcd refused a call
+                # after a freeze); the message is stored all the same, for the workers.
+                log.write("run_failed", thread=thread, error=f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(0.01)
         log.write("done")
         await asyncio.Event().wait()
