@@ -281,3 +281,25 @@ async def test_a_thread_with_nothing_waiting_is_not_run(live: Live) -> None:
     assert await threads.run("idle")  # took the thread, found nothing, released it
     assert handled.runs == []
     assert await live.provider.get_lease_owner(threads.key("idle")) is None
+
+
+async def test_concurrent_sends_to_one_thread_get_one_seq_each_in_ack_order(live: Live) -> None:
+    threads = [
+        Threads(live.provider, recorder(Handled())),
+        Threads(live.another(), recorder(Handled())),
+    ]
+
+    async def sender(index: int) -> list[int]:
+        seqs = []
+        for i in range(25):
+            message = await threads[index % 2].send("busy", f"{index}-{i}")
+            seqs.append(message.seq)
+        return seqs
+
+    per_sender = await asyncio.gather(*(sender(index) for index in range(8)))
+    for seqs in per_sender:  # each sender's sends were acknowledged one after the other
+        assert seqs == sorted(seqs)
+    every = sorted(seq for seqs in per_sender for seq in seqs)
+    assert every == list(range(1, 201))
+    waiting = await live.provider.inbox.pending("busy")
+    assert [message.seq for message in waiting] == every
