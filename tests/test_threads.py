@@ -12,8 +12,9 @@ import pytest
 from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseLost, NoopLeaseProvider
 from etcd_leases.etcd.inbox import EtcdInbox, default_inbox_prefix
 from etcd_leases.inbox import MAX_PAYLOAD_BYTES
+from etcd_leases.testing import EtcdCluster
 from etcd_leases.threads import Handler, InboxFull, Message, ThreadMessages, Threads
-from tests.conftest import Live
+from tests.conftest import Live, unique_prefix
 
 
 @dataclass
@@ -303,3 +304,12 @@ async def test_concurrent_sends_to_one_thread_get_one_seq_each_in_ack_order(live
     assert every == list(range(1, 201))
     waiting = await live.provider.inbox.pending("busy")
     assert [message.seq for message in waiting] == every
+
+
+async def test_threads_work_under_a_lease_prefix_without_a_final_slash(etcd: EtcdCluster) -> None:
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix().rstrip("/")) as provider:
+        handled = Handled()
+        threads = Threads(provider, recorder(handled))
+        await threads.send("t", "x", run=True)
+        assert handled.payloads("t") == ["x"]
+        assert await provider.inbox.pending("t") == []

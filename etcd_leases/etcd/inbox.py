@@ -70,6 +70,15 @@ def default_inbox_prefix(lease_prefix: str) -> bytes:
     return lease_prefix.encode("utf-8") + b"\xff.inbox/"
 
 
+def _id_of(key: bytes) -> str:
+    """A message's id: its etcd key (the root may hold an 0xFF byte, kept as is)."""
+    return key.decode("utf-8", "surrogateescape")
+
+
+def _key_of(message_id: str) -> bytes:
+    return message_id.encode("utf-8", "surrogateescape")
+
+
 class EtcdInbox:
     """The :class:`~etcd_leases.inbox.Inbox` capability on an :class:`EtcdBackend`."""
 
@@ -105,7 +114,7 @@ class EtcdInbox:
 
     def _message(self, thread: str, kv: pb.KeyValue) -> Message:
         name = kv.key[len(self._messages(thread)) :]
-        return Message(thread, int(name[:_SEQ_DIGITS]), kv.value, kv.key.decode("utf-8"))
+        return Message(thread, int(name[:_SEQ_DIGITS]), kv.value, _id_of(kv.key))
 
     def _thread_of(self, key: bytes) -> str | None:
         """The thread a message key belongs to (``None`` for anything else)."""
@@ -138,7 +147,7 @@ class EtcdInbox:
             )
             response = await self._send(txn)
             if response.succeeded or self._found(response, 1):
-                return Message(thread, last + 1, data, key.decode("utf-8"))
+                return Message(thread, last + 1, data, _id_of(key))
             now = first_kv(response)
             if (now.mod_revision if now is not None else 0) == seen:
                 raise InboxFull(thread, max_pending)
@@ -203,7 +212,7 @@ class EtcdInbox:
         lease_key = self._backend.etcd_key(key)
         txn = Txn.when(mod_revision_is(lease_key, token), value_is(lease_key, owner.encode()))
         # Deleting an absent key succeeds, so a lost answer can be settled by asking again.
-        response = await self._send(txn.then(delete(message.id.encode("utf-8"))))
+        response = await self._send(txn.then(delete(_key_of(message.id))))
         return response.succeeded
 
     async def release_if_empty(self, key: str, owner: str, token: int, thread: str) -> bool:
