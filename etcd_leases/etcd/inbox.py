@@ -32,6 +32,7 @@ in the message key tells whether one of ours did.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncGenerator
@@ -79,6 +80,21 @@ def _key_of(message_id: str) -> bytes:
     return message_id.encode("utf-8", "surrogateescape")
 
 
+class _SendQueue:
+    """This process's sends to one thread, one at a time.
+
+    Concurrent sends to a thread would only conflict on its ``seq`` key (one commits,
+    the others try again): queued, each commits at once, knowing the ``seq`` key from
+    the answer to the previous one.
+    """
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+        self.known = False
+        self.seq_kv: pb.KeyValue | None = None
+
+
 class EtcdInbox:
     """The :class:`~etcd_leases.inbox.Inbox` capability on an :class:`EtcdBackend`."""
 
@@ -94,6 +110,7 @@ class EtcdInbox:
         self._backend = backend
         self._client = backend.client
         self._root = root
+        self._queues: dict[str, _SendQueue] = {}
 
     # Keys.
 
@@ -129,12 +146,25 @@ class EtcdInbox:
     async def append(self, thread: str, payload: bytes, max_pending: int) -> Message:
         check_append(thread, payload, max_pending)
         self._client.check_open()
-        data = payload_bytes(payload)
+        queue = self._queues.setdefault(thread, _SendQueue())
+        queue.users += 1
+        try:
+            async with queue.lock:
+                return await self._append(thread, payload_bytes(payload), max_pending, queue)
+        finally:
+            queue.users -= 1
+            if not queue.users:
+                del self._queues[thread]
+
+    async def _append(
+        self, thread: str, data: bytes, max_pending: int, queue: _SendQueue
+    ) -> Message:
         seq_key, nonce = self._seq_key(thread), secrets.token_hex(8)
-        seq_kv = await self._client.range(seq_key)
+        if not queue.known:
+            queue.seq_kv, queue.known = await self._client.range(seq_key), True
         while True:
-            last = int(seq_kv.value) if seq_kv is not None else 0
-            seen = seq_kv.mod_revision if seq_kv is not None else 0
+            last = int(queue.seq_kv.value) if queue.seq_kv is not None else 0
+            seen = queue.seq_kv.mod_revision if queue.seq_kv is not None else 0
             key = self._message_key(thread, last + 1, nonce)
             compares = [mod_revision_is(seq_key, seen)]
             if (oldest_allowed := last + 2 - max_pending) > 1:
@@ -142,16 +172,16 @@ class EtcdInbox:
                 compares.append(range_is_empty(self._messages(thread), end))
             txn = (
                 Txn.when(*compares)
-                .then(put(seq_key, b"%d" % (last + 1)), put(key, data))
+                .then(put(seq_key, b"%d" % (last + 1)), put(key, data), get(seq_key))
                 .otherwise(get(seq_key), get(key))
             )
             response = await self._send(txn)
+            queue.seq_kv = first_kv(response)
             if response.succeeded or self._found(response, 1):
                 return Message(thread, last + 1, data, _id_of(key))
-            now = first_kv(response)
-            if (now.mod_revision if now is not None else 0) == seen:
+            if (queue.seq_kv.mod_revision if queue.seq_kv is not None else 0) == seen:
                 raise InboxFull(thread, max_pending)
-            seq_kv = now  # another send took this seq: take the next one
+            # Another process's send took this seq: take the next one.
 
     @staticmethod
     def _found(response: pb.TxnResponse, index: int) -> bool:
