@@ -104,7 +104,9 @@ async def send_all(
                 break
             except InboxFull:
                 await asyncio.sleep(0.05)
-        sent.append({"thread": thread, "seq": message.seq, "payload": payload})
+        sent.append(
+            {"thread": thread, "seq": message.seq, "payload": payload, "t": time.monotonic()}
+        )
         await asyncio.sleep(rng.uniform(0, 0.04))
 
 
@@ -169,6 +171,15 @@ async def test_no_message_lost_with_workers_killed_and_frozen(
         f"\n{len(sent) + sum(r['ev'] == 'sent' for r in history)} messages, {handled} "
         f"handlings, killed {sorted(procs.killed)}, froze {sorted(procs.frozen)}, "
         f"serverless runs failed: {dict(failed)}, {took:.1f} s"
+    )
+    first_handled: dict[str, float] = {}
+    for record in history:
+        if record["ev"] == "handled":
+            first_handled.setdefault(record["payload"], record["t"])
+    waits = sorted(first_handled[s["payload"]] - s["t"] for s in sent if "t" in s)
+    print(  # from send() returning to a handler holding it, over chaos and backlog alike
+        f"  sent -> handled: p50 {waits[len(waits) // 2] * 1000:.0f} ms, "
+        f"p99 {waits[len(waits) * 99 // 100] * 1000:.0f} ms, max {waits[-1] * 1000:.0f} ms"
     )
     for record in history:  # shown, not hidden: see the report on acquire after a freeze
         if record["ev"] == "run_failed" and not record["error"].startswith("LeaseLost"):
