@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseLost, NoopLeaseProvider
-from etcd_leases.etcd.inbox import EtcdInbox, default_inbox_prefix
+from etcd_leases.etcd.inbox import EtcdInbox
+from etcd_leases.etcd.inbox_keys import default_inbox_prefix
 from etcd_leases.inbox import MAX_PAYLOAD_BYTES
 from etcd_leases.testing import EtcdCluster
 from etcd_leases.threads import Handler, InboxFull, Message, ThreadMessages, Threads
