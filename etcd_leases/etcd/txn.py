@@ -27,6 +27,17 @@ def mod_revision_is(key: bytes, revision: int) -> pb.Compare:
     )
 
 
+def range_is_empty(key: bytes, range_end: bytes) -> pb.Compare:
+    """True when no key lies in ``[key, range_end)`` (etcd compares an empty range as absent)."""
+    return pb.Compare(
+        key=key,
+        range_end=range_end,
+        target=pb.Compare.CREATE,
+        result=pb.Compare.EQUAL,
+        create_revision=0,
+    )
+
+
 def value_is(key: bytes, value: bytes) -> pb.Compare:
     return pb.Compare(key=key, target=pb.Compare.VALUE, result=pb.Compare.EQUAL, value=value)
 

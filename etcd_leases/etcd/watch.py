@@ -1,4 +1,4 @@
-"""One etcd ``Watch`` stream per provider, shared by every watcher of one exact key.
+"""One etcd ``Watch`` stream per provider, shared by every watcher (of a key or a range).
 
 Held leases need to see within milliseconds that their key was transferred or
 deleted, and a process may hold thousands of them; waiters and leader-election
@@ -80,7 +80,7 @@ class _StreamBroken(Exception):
 
 
 class Watcher:
-    """Changes of one exact key, from a start revision on, in revision order.
+    """Changes of one exact key (or range), from a start revision on, in revision order.
 
     ``async for batch in watcher`` yields lists of ``pb.Event``; an empty list means
     etcd compacted history this watcher still needed: re-read the key. Iteration ends
@@ -98,8 +98,11 @@ class Watcher:
         start_revision: int,
         on_events: EventsCallback | None,
         on_error: ErrorCallback | None,
+        range_end: bytes = b"",
     ) -> None:
         self.key = key
+        #: Watches every key in ``[key, range_end)`` when set, else ``key`` alone.
+        self.range_end = range_end
         #: The first revision not yet delivered: where a re-created watch starts.
         #: 0 (only before etcd first registers a "from now" watch) means "current".
         self.next_revision = start_revision
@@ -245,6 +248,7 @@ class WatchStream:
         *,
         on_events: EventsCallback | None = None,
         on_error: ErrorCallback | None = None,
+        range_end: bytes = b"",
     ) -> Watcher:
         """Watch ``key`` from ``start_revision`` on (e.g. a read's revision + 1).
 
@@ -253,8 +257,9 @@ class WatchStream:
         ``start_revision=0`` means "from whenever etcd registers the watch", which can
         miss a change made before that: prefer a revision. ``on_events`` is called
         synchronously with each batch (then nothing is queued for iteration);
-        ``on_error`` once if the watcher ends with an error. Must be called from the
-        event loop the stream runs on.
+        ``on_error`` once if the watcher ends with an error. ``range_end`` watches
+        every key in ``[key, range_end)`` (events still come in revision order). Must be
+        called from the event loop the stream runs on.
         """
         if self._closed:
             raise ProviderClosed("the watch stream is closed")
@@ -270,7 +275,7 @@ class WatchStream:
         if start_revision < 0:
             raise LeaseValueError(f"start_revision must be >= 0, got {start_revision}")
         loop = asyncio.get_running_loop()  # before any bookkeeping: raises outside a loop
-        watcher = Watcher(self, key, start_revision, on_events, on_error)
+        watcher = Watcher(self, key, start_revision, on_events, on_error, range_end)
         self._pending[watcher] = None
         self._work.set()
         if self._task is None:
@@ -437,6 +442,7 @@ class WatchStream:
                 self._creating = watcher
                 create = pb.WatchCreateRequest(
                     key=watcher.key,
+                    range_end=watcher.range_end,
                     start_revision=watcher.next_revision,
                     # Lets a quiet watcher's resume point follow the store (see _progress).
                     progress_notify=True,

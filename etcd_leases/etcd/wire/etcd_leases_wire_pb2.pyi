@@ -410,6 +410,7 @@ class Compare(_message.Message):
     MOD_REVISION_FIELD_NUMBER: _builtins.int
     VALUE_FIELD_NUMBER: _builtins.int
     LEASE_FIELD_NUMBER: _builtins.int
+    RANGE_END_FIELD_NUMBER: _builtins.int
     result: Global___Compare.CompareResult.ValueType
     target: Global___Compare.CompareTarget.ValueType
     key: _builtins.bytes
@@ -418,6 +419,8 @@ class Compare(_message.Message):
     mod_revision: _builtins.int
     value: _builtins.bytes
     lease: _builtins.int
+    range_end: _builtins.bytes
+    """Compare every key in [key, range_end); an empty range compares as an absent key."""
     def __init__(
         self,
         *,
@@ -429,10 +432,11 @@ class Compare(_message.Message):
         mod_revision: _builtins.int = ...,
         value: _builtins.bytes = ...,
         lease: _builtins.int = ...,
+        range_end: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_revision", b"create_revision", "lease", b"lease", "mod_revision", b"mod_revision", "target_union", b"target_union", "value", b"value", "version", b"version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_revision", b"create_revision", "key", b"key", "lease", b"lease", "mod_revision", b"mod_revision", "result", b"result", "target", b"target", "target_union", b"target_union", "value", b"value", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_revision", b"create_revision", "key", b"key", "lease", b"lease", "mod_revision", b"mod_revision", "range_end", b"range_end", "result", b"result", "target", b"target", "target_union", b"target_union", "value", b"value", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_target_union: _TypeAlias = _typing.Literal["version", "create_revision", "mod_revision", "value", "lease"]  # noqa: Y015
     _WhichOneofArgType_target_union: _TypeAlias = _typing.Literal["target_union", b"target_union"]  # noqa: Y015

@@ -1,0 +1,217 @@
+"""EtcdInbox: the threads' inboxes as etcd keys beside the leases, each step one txn.
+
+The keys are laid out in :mod:`etcd_leases.etcd.inbox_keys`.
+
+**Order = acknowledgement order.** An append reads the thread's ``seq`` key (n) and
+commits ``seq = n + 1`` and the message under ``n + 1`` in one txn that compares the
+``seq`` key's mod_revision: two appends that read the same n cannot both commit, so
+seqs are handed out one at a time in commit order. A send acknowledged before another
+starts has committed first, so it holds the lower seq; the zero-padded seq makes key
+order seq order, and watch events (revision order) follow it too.
+
+**Bounded.** The same txn compares that no message with seq <= n + 1 - max_pending is
+left, so at most ``max_pending`` are ever waiting (exactly, when acks follow seq order;
+an out-of-order ack only makes the bound stricter).
+
+**No lost wake-up.** ``release_if_empty`` deletes the lease key in one txn that
+compares its owner and token *and* that the thread's message range is empty (an etcd
+compare over ``range_end``): a message committed before it makes it fail; one after it
+finds the thread free.
+
+**Unknown outcomes.** A txn whose answer is lost is sent again, identically: it
+compares the same ``seq`` revision, so the copies commit at most once, and the nonce
+in the message key tells whether one of ours did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncGenerator
+
+from etcd_leases.contract import check_key, check_owner
+from etcd_leases.errors import BackendUnavailable, LeaseError
+from etcd_leases.etcd.client import prefix_end
+from etcd_leases.etcd.inbox_keys import InboxKeys, id_of, key_of
+from etcd_leases.etcd.provider import EtcdBackend
+from etcd_leases.etcd.txn import (
+    Txn,
+    delete,
+    first_kv,
+    get,
+    mod_revision_is,
+    put,
+    range_is_empty,
+    value_is,
+)
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+from etcd_leases.inbox import InboxFull, Message, check_append, payload_bytes
+
+_TXN_ATTEMPTS = 3
+
+
+class _SendQueue:
+    """This process's sends to one thread, one at a time.
+
+    Concurrent sends to a thread would only conflict on its ``seq`` key (one commits,
+    the others try again): queued, each commits at once, knowing the ``seq`` key from
+    the answer to the previous one.
+    """
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+        self.known = False
+        self.seq_kv: pb.KeyValue | None = None
+
+
+class EtcdInbox:
+    """The :class:`~etcd_leases.inbox.Inbox` capability on an :class:`EtcdBackend`."""
+
+    def __init__(self, backend: EtcdBackend, prefix: str | None = None) -> None:
+        self.keys = InboxKeys(backend.prefix, prefix)
+        self._backend = backend
+        self._client = backend.client
+        self._queues: dict[str, _SendQueue] = {}
+
+    def _message(self, thread: str, kv: pb.KeyValue) -> Message:
+        return Message(thread, self.keys.seq_of(thread, kv.key), kv.value, id_of(kv.key))
+
+    # The capability.
+
+    async def append(self, thread: str, payload: bytes, max_pending: int) -> Message:
+        check_append(thread, payload, max_pending)
+        self._client.check_open()
+        queue = self._queues.setdefault(thread, _SendQueue())
+        queue.users += 1
+        try:
+            async with queue.lock:
+                return await self._append(thread, payload_bytes(payload), max_pending, queue)
+        finally:
+            queue.users -= 1
+            if not queue.users:
+                del self._queues[thread]
+
+    async def _append(
+        self, thread: str, data: bytes, max_pending: int, queue: _SendQueue
+    ) -> Message:
+        seq_key, nonce = self.keys.seq(thread), secrets.token_hex(8)
+        if not queue.known:
+            queue.seq_kv, queue.known = await self._client.range(seq_key), True
+        while True:
+            last = int(queue.seq_kv.value) if queue.seq_kv is not None else 0
+            seen = queue.seq_kv.mod_revision if queue.seq_kv is not None else 0
+            key = self.keys.message(thread, last + 1, nonce)
+            compares = [mod_revision_is(seq_key, seen)]
+            if (oldest_allowed := last + 2 - max_pending) > 1:
+                end = self.keys.messages(thread, below_seq=oldest_allowed)
+                compares.append(range_is_empty(self.keys.messages(thread), end))
+            txn = (
+                Txn.when(*compares)
+                .then(put(seq_key, b"%d" % (last + 1)), put(key, data), get(seq_key))
+                .otherwise(get(seq_key), get(key))
+            )
+            response = await self._send(txn)
+            queue.seq_kv = first_kv(response)
+            if response.succeeded or self._found(response, 1):
+                return Message(thread, last + 1, data, id_of(key))
+            if (queue.seq_kv.mod_revision if queue.seq_kv is not None else 0) == seen:
+                raise InboxFull(thread, max_pending)
+            # Another process's send took this seq: take the next one.
+
+    @staticmethod
+    def _found(response: pb.TxnResponse, index: int) -> bool:
+        return bool(response.responses[index].response_range.kvs)
+
+    async def _send(self, txn: Txn) -> pb.TxnResponse:
+        for attempt in range(_TXN_ATTEMPTS):
+            try:
+                return await self._client.txn(txn.request)
+            except BackendUnavailable:
+                if attempt == _TXN_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def pending(self, thread: str) -> list[Message]:
+        check_key(thread, "thread")
+        self._client.check_open()
+        response = await self._range(self.keys.messages(thread))
+        return [self._message(thread, kv) for kv in response.kvs]
+
+    async def watch(self, thread: str) -> AsyncGenerator[list[Message], None]:
+        check_key(thread, "thread")
+        self._client.check_open()
+        last = -1  # the first batch is yielded even when empty
+        async with contextlib.aclosing(self._watch_range(self.keys.messages(thread))) as batches:
+            async for kvs in batches:
+                batch = [m for m in (self._message(thread, kv) for kv in kvs) if m.seq > last]
+                if batch or last < 0:
+                    last = batch[-1].seq if batch else 0
+                    yield batch
+
+    async def ack(self, key: str, owner: str, token: int, message: Message) -> bool:
+        check_key(key)
+        check_owner(owner)
+        self._client.check_open()
+        lease_key = self._backend.etcd_key(key)
+        txn = Txn.when(mod_revision_is(lease_key, token), value_is(lease_key, owner.encode()))
+        # Deleting an absent key succeeds, so a lost answer can be settled by asking again.
+        response = await self._send(txn.then(delete(key_of(message.id))))
+        return response.succeeded
+
+    async def release_if_empty(self, key: str, owner: str, token: int, thread: str) -> bool:
+        check_key(key)
+        check_owner(owner)
+        check_key(thread, "thread")
+        self._client.check_open()
+        lease_key, messages = self._backend.etcd_key(key), self.keys.messages(thread)
+        txn = Txn.when(
+            mod_revision_is(lease_key, token),
+            value_is(lease_key, owner.encode()),
+            range_is_empty(messages, prefix_end(messages)),
+        ).then(get(lease_key), delete(lease_key))
+        response = await self._send(txn)
+        if not response.succeeded:
+            return False
+        kv = first_kv(response)
+        if kv is not None and kv.lease:
+            # The tenure's own lease now holds no key: revoke it rather than leak it.
+            with contextlib.suppress(LeaseError):
+                await self._client.revoke(kv.lease)
+        return True
+
+    async def watch_threads(self) -> AsyncGenerator[str, None]:
+        self._client.check_open()
+        everyone = self._watch_range(self.keys.all_messages(), keys_only=True)
+        async with contextlib.aclosing(everyone) as batches:
+            async for kvs in batches:
+                for thread in dict.fromkeys(self.keys.thread_of(kv.key) for kv in kvs):
+                    if thread is not None:
+                        yield thread
+
+    async def _range(self, start: bytes, keys_only: bool = False) -> pb.RangeResponse:
+        """Every key under ``start``, in key order (a linearizable read)."""
+        request = pb.RangeRequest(key=start, range_end=prefix_end(start), keys_only=keys_only)
+        return await self._client.call("/etcdserverpb.KV/Range", request, pb.RangeResponse)
+
+    async def _watch_range(
+        self, start: bytes, keys_only: bool = False
+    ) -> AsyncGenerator[list[pb.KeyValue], None]:
+        """The keys under ``start`` now, then each batch of keys put under it.
+
+        After a compaction took history the watch still needed, every key under
+        ``start`` again: consumers skip what they have seen.
+        """
+        response = await self._range(start, keys_only)
+        yield list(response.kvs)
+        revision = response.header.revision
+        watcher = self._backend._watches.watch(start, revision + 1, range_end=prefix_end(start))
+        try:
+            async for events in watcher:
+                if not events:
+                    yield list((await self._range(start, keys_only)).kvs)
+                else:
+                    yield [event.kv for event in events if event.type == pb.Event.PUT]
+        finally:
+            watcher.cancel()

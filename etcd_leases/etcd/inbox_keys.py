@@ -1,0 +1,84 @@
+"""Where the threads' inboxes live in etcd: the key layout, and nothing else.
+
+Under the inbox root (by default beside the lease prefix: ``/etcd-leases.inbox/``)::
+
+    seq/<thread>                          the thread's last seq, as decimal text
+    msg/<thread>/<seq, 20 digits>.<nonce> one message; its value is the payload
+
+where ``<thread>`` is the thread's UTF-8 bytes after their length (``0009/chat:42\\0x``),
+so one thread's keys never fall in another's range, whatever bytes names contain, and
+the zero-padded seq makes key order seq order.
+"""
+
+from __future__ import annotations
+
+from etcd_leases.errors import LeaseValueError
+
+SEQ_DIGITS = 20
+
+
+def default_inbox_prefix(lease_prefix: str) -> bytes:
+    """Where inboxes go by default: beside the leases, never under a lease key.
+
+    ``/etcd-leases/`` -> ``/etcd-leases.inbox/``. A prefix without a final ``/``
+    (or just ``/``) gets ``<prefix>\\xff.inbox/`` instead: no UTF-8 key has an 0xFF
+    byte, so no lease key falls under it either.
+    """
+    stem = lease_prefix.rstrip("/")
+    if lease_prefix.endswith("/") and stem:
+        return f"{stem}.inbox/".encode()
+    return lease_prefix.encode("utf-8") + b"\xff.inbox/"
+
+
+class InboxKeys:
+    """The etcd keys of every thread's inbox under one root."""
+
+    def __init__(self, lease_prefix: str, inbox_prefix: str | None = None) -> None:
+        if inbox_prefix is None:
+            self.root = default_inbox_prefix(lease_prefix)
+            return
+        self.root, leases = inbox_prefix.encode("utf-8"), lease_prefix.encode("utf-8")
+        if not self.root or self.root.startswith(leases) or leases.startswith(self.root):
+            raise LeaseValueError(
+                f"the inbox prefix {inbox_prefix!r} overlaps the lease prefix {lease_prefix!r}"
+            )
+
+    @staticmethod
+    def _name(thread: str) -> bytes:
+        data = thread.encode("utf-8")
+        return b"%04d/" % len(data) + data
+
+    def seq(self, thread: str) -> bytes:
+        return self.root + b"seq/" + self._name(thread)
+
+    def all_messages(self) -> bytes:
+        """The prefix of every thread's messages."""
+        return self.root + b"msg/"
+
+    def messages(self, thread: str, *, below_seq: int | None = None) -> bytes:
+        """The prefix of ``thread``'s messages; with ``below_seq``, the end of their
+        range that stops before that seq."""
+        prefix = self.all_messages() + self._name(thread) + b"/"
+        return prefix if below_seq is None else prefix + b"%0*d" % (SEQ_DIGITS, below_seq)
+
+    def message(self, thread: str, seq: int, nonce: str) -> bytes:
+        return self.messages(thread) + b"%0*d.%s" % (SEQ_DIGITS, seq, nonce.encode())
+
+    def seq_of(self, thread: str, key: bytes) -> int:
+        return int(key[len(self.messages(thread)) :][:SEQ_DIGITS])
+
+    def thread_of(self, key: bytes) -> str | None:
+        """The thread a message key belongs to (``None`` for anything else)."""
+        length, slash, rest = key[len(self.all_messages()) :].partition(b"/")
+        if not slash or not length.isdigit() or len(rest) <= int(length):
+            return None
+        return rest[: int(length)].decode("utf-8", errors="replace")
+
+
+def id_of(key: bytes) -> str:
+    """A message's id: its etcd key (a root may hold an 0xFF byte: kept as is)."""
+    return key.decode("utf-8", "surrogateescape")
+
+
+def key_of(message_id: str) -> bytes:
+    return message_id.encode("utf-8", "surrogateescape")

@@ -1,0 +1,125 @@
+"""The inbox capability: per-thread message queues that live beside the leases.
+
+The agent-threads recipe (:mod:`etcd_leases.threads`) routes every message sent to a
+thread to whichever run holds the thread's lease. It needs, from a backend, a little
+more than :class:`~etcd_leases.contract.HoldingProvider`: a durable, ordered, bounded
+queue per thread whose writes can be fenced by a tenure. :class:`Inbox` says what;
+the in-memory model (:mod:`etcd_leases.memory_inbox`) and etcd
+(:mod:`etcd_leases.etcd.inbox`) implement it, and argument checks live here so both
+refuse the same inputs before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from etcd_leases.contract import HoldingProvider, check_key
+from etcd_leases.errors import LeaseError, LeaseTypeError, LeaseValueError
+
+#: The largest payload a message may carry: 1 MiB, well below etcd's default request
+#: limit of 1.5 MiB (``--max-request-bytes``), which also has to fit the message's keys.
+MAX_PAYLOAD_BYTES = 1024 * 1024
+#: How many unacknowledged messages a thread's inbox holds before sends are refused.
+DEFAULT_MAX_PENDING = 1000
+
+
+class InboxFull(LeaseError):
+    """The thread's inbox holds ``max_pending`` unacknowledged messages: back off."""
+
+    def __init__(self, thread: str, max_pending: int) -> None:
+        super().__init__(
+            f"the inbox of {thread!r} holds {max_pending} unacknowledged messages, "
+            "its limit: retry once its run has caught up"
+        )
+        self.thread = thread
+        self.max_pending = max_pending
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message stored in a thread's inbox.
+
+    ``seq`` numbers the thread's messages from 1 in the order their sends were
+    acknowledged; ``id`` names the stored message (to acknowledge it).
+    """
+
+    thread: str
+    seq: int
+    payload: bytes
+    id: str
+
+    @property
+    def text(self) -> str:
+        """The payload decoded as UTF-8."""
+        return self.payload.decode("utf-8")
+
+
+@runtime_checkable
+class Inbox(Protocol):
+    """Per-thread queues of messages; fenced by the tenure of a lease key.
+
+    - ``append``: store a message durably (when it returns) at the end of ``thread``'s
+      inbox; :class:`InboxFull` if ``max_pending`` messages are already waiting.
+    - ``pending``: the messages waiting now, in seq order.
+    - ``watch``: the messages waiting now (one batch, maybe empty), then each batch of
+      new ones as they are appended; seq order throughout, each message once.
+    - ``ack``: remove ``message`` only while the tenure ``token`` of ``owner`` holds
+      the lease ``key``, atomically; ``False`` when it does not.
+    - ``release_if_empty``: free the lease ``key`` only if ``owner``'s tenure ``token``
+      still holds it **and** ``thread``'s inbox is empty, in one atomic step; ``False``
+      (nothing changed) otherwise.
+    - ``watch_threads``: each thread with messages waiting now, then the thread of
+      every message appended (repeats are possible).
+    """
+
+    async def append(self, thread: str, payload: bytes, max_pending: int) -> Message: ...
+
+    async def pending(self, thread: str) -> list[Message]: ...
+
+    def watch(self, thread: str) -> AsyncGenerator[list[Message], None]: ...
+
+    async def ack(self, key: str, owner: str, token: int, message: Message) -> bool: ...
+
+    async def release_if_empty(self, key: str, owner: str, token: int, thread: str) -> bool: ...
+
+    def watch_threads(self) -> AsyncGenerator[str, None]: ...
+
+
+@runtime_checkable
+class InboxProvider(HoldingProvider, Protocol):
+    """A provider that can hold leases and keeps the threads' inboxes beside them."""
+
+    @property
+    def inbox(self) -> Inbox: ...
+
+
+def payload_bytes(payload: object, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
+    """``payload`` as bytes (a str is UTF-8 encoded); refused if over ``max_bytes``."""
+    if isinstance(payload, str):
+        try:
+            data = payload.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise LeaseValueError(f"payload is not encodable as UTF-8: {exc.reason}") from None
+    elif isinstance(payload, bytes | bytearray | memoryview):
+        data = bytes(payload)
+    else:
+        raise LeaseTypeError(f"payload must be bytes or str, not {type(payload).__name__}")
+    if len(data) > max_bytes:
+        raise LeaseValueError(f"payload is {len(data)} bytes, more than the {max_bytes} allowed")
+    return data
+
+
+def check_append(thread: object, payload: object, max_pending: object) -> None:
+    """The checks of :meth:`Inbox.append`: a thread named like a key, a bounded payload."""
+    check_key(thread, "thread")
+    payload_bytes(payload)
+    check_max_pending(max_pending)
+
+
+def check_max_pending(max_pending: object) -> None:
+    if isinstance(max_pending, bool) or not isinstance(max_pending, int):
+        raise LeaseTypeError(f"max_pending must be an int, not {type(max_pending).__name__}")
+    if max_pending < 1:
+        raise LeaseValueError(f"max_pending must be at least 1, got {max_pending}")

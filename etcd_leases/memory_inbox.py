@@ -1,0 +1,105 @@
+"""The reference model of the inbox capability, beside the in-memory leases.
+
+One process, one event loop: every call below runs without awaiting in between, so
+each is atomic the way the etcd transactions are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncGenerator
+
+from etcd_leases.contract import check_key, check_owner
+from etcd_leases.errors import ProviderClosed
+from etcd_leases.inbox import InboxFull, Message, check_append, payload_bytes
+from etcd_leases.memory import MemoryBackend
+
+
+class MemoryInbox:
+    """Inboxes in dicts, fenced by the tenures of a :class:`MemoryBackend`."""
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        self._backend = backend
+        self._messages: dict[str, dict[int, Message]] = {}
+        self._last_seq: dict[str, int] = {}
+        self._ids = itertools.count(1)
+        self._watchers: dict[str, set[asyncio.Queue[list[Message] | None]]] = {}
+        self._thread_watchers: set[asyncio.Queue[str | None]] = set()
+
+    async def append(self, thread: str, payload: bytes, max_pending: int) -> Message:
+        check_append(thread, payload, max_pending)
+        self._backend._check_open()
+        waiting = self._messages.setdefault(thread, {})
+        if len(waiting) >= max_pending:
+            raise InboxFull(thread, max_pending)
+        seq = self._last_seq.get(thread, 0) + 1
+        self._last_seq[thread] = seq
+        message = Message(thread, seq, payload_bytes(payload), f"{thread}#{next(self._ids)}")
+        waiting[seq] = message
+        for queue in self._watchers.get(thread, ()):
+            queue.put_nowait([message])
+        for threads in self._thread_watchers:
+            threads.put_nowait(thread)
+        return message
+
+    async def pending(self, thread: str) -> list[Message]:
+        check_key(thread, "thread")
+        self._backend._check_open()
+        return list(self._messages.get(thread, {}).values())
+
+    async def watch(self, thread: str) -> AsyncGenerator[list[Message], None]:
+        check_key(thread, "thread")
+        self._backend._check_open()
+        queue: asyncio.Queue[list[Message] | None] = asyncio.Queue()
+        self._watchers.setdefault(thread, set()).add(queue)
+        try:
+            yield list(self._messages.get(thread, {}).values())
+            while (batch := await queue.get()) is not None:
+                yield batch
+            raise ProviderClosed("the provider was closed")
+        finally:
+            self._watchers[thread].discard(queue)
+
+    async def ack(self, key: str, owner: str, token: int, message: Message) -> bool:
+        check_key(key)
+        check_owner(owner)
+        self._backend._check_open()
+        if not self._backend._holds(key, owner, token):
+            return False
+        waiting = self._messages.get(message.thread, {})
+        if message.seq in waiting and waiting[message.seq].id == message.id:
+            del waiting[message.seq]
+        return True
+
+    async def release_if_empty(self, key: str, owner: str, token: int, thread: str) -> bool:
+        check_key(key)
+        check_owner(owner)
+        check_key(thread, "thread")
+        self._backend._check_open()
+        if not self._backend._holds(key, owner, token) or self._messages.get(thread):
+            return False
+        self._backend._set(key, None, "released")
+        return True
+
+    async def watch_threads(self) -> AsyncGenerator[str, None]:
+        self._backend._check_open()
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._thread_watchers.add(queue)
+        try:
+            for name, waiting in list(self._messages.items()):
+                if waiting:
+                    yield name
+            while (appended_to := await queue.get()) is not None:
+                yield appended_to
+            raise ProviderClosed("the provider was closed")
+        finally:
+            self._thread_watchers.discard(queue)
+
+    def close(self) -> None:
+        """End every watch with ``ProviderClosed`` (called when the provider closes)."""
+        for queues in self._watchers.values():
+            for queue in queues:
+                queue.put_nowait(None)
+        for threads in self._thread_watchers:
+            threads.put_nowait(None)

@@ -1,0 +1,89 @@
+"""What a run's handler iterates over: its thread's messages, acknowledged one by one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator
+
+from etcd_leases.errors import LeaseError, LeaseLost
+from etcd_leases.hold import HeldLease
+from etcd_leases.inbox import Inbox, Message
+
+
+class ThreadMessages:
+    """The messages of one run, in the order their sends were acknowledged.
+
+    ``async for message in messages`` yields every message waiting when the run
+    started, then each one sent while it runs (delivered by watch, within
+    milliseconds). Iteration ends once nothing is waiting and nothing arrived for
+    ``linger`` seconds; a message that arrives later goes to a follow-up run.
+    ``await messages.ack(message)`` removes it, fenced by the run's token: it raises
+    :class:`LeaseLost` once the run has lost its thread.
+    """
+
+    def __init__(self, inbox: Inbox, lease: HeldLease, thread: str, linger: float) -> None:
+        self.thread = thread
+        self._inbox = inbox
+        self._lease = lease
+        self._linger = linger
+        self._waiting: deque[Message] = deque()
+        self._arrived = asyncio.Event()
+        self._started = asyncio.Event()  # the first batch (what was waiting) is in
+        self._error: LeaseError | None = None
+        self._closed = False
+        self._pump = asyncio.get_running_loop().create_task(self._receive())
+
+    async def _receive(self) -> None:
+        try:
+            async with contextlib.aclosing(self._inbox.watch(self.thread)) as batches:
+                async for batch in batches:
+                    self._waiting.extend(batch)
+                    self._started.set()
+                    self._arrived.set()
+        except LeaseError as exc:
+            self._error = exc
+        self._started.set()
+        self._arrived.set()
+
+    async def any_waiting(self) -> bool:
+        """Whether anything was waiting when the run started (or has arrived since)."""
+        await self._started.wait()
+        return bool(self._waiting)
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self
+
+    async def __anext__(self) -> Message:
+        await self._started.wait()
+        self._lease.check()
+        if not self._waiting and self._error is None and not self._closed:
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._linger):
+                    await self._arrived.wait()
+            self._lease.check()
+        if self._waiting and not self._closed:
+            return self._waiting.popleft()
+        if self._error is not None:
+            raise self._error
+        raise StopAsyncIteration
+
+    async def ack(self, message: Message) -> None:
+        """Remove ``message`` from the inbox, only while this run holds the thread."""
+        lease = self._lease
+        if lease.remaining() <= 0 or not await self._inbox.ack(
+            lease.key, lease.owner, lease.token, message
+        ):
+            raise LeaseLost(
+                f"{lease.owner!r} lost {self.thread!r} before acknowledging message {message.seq}"
+            )
+
+    async def close(self) -> None:
+        """End the iteration (a handler still waiting sees its end) and the watch."""
+        self._closed = True
+        self._started.set()
+        self._arrived.set()
+        self._pump.cancel()
+        await asyncio.gather(self._pump, return_exceptions=True)

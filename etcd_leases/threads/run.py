@@ -1,0 +1,96 @@
+"""A thread's runs: take the thread, run the handler, then hand off or release.
+
+How a run ends decides whether a message can be stranded, so it is done in one of
+two atomic steps, never a plain release:
+
+- the inbox is empty: ``release_if_empty`` frees the thread in the same transaction
+  that checks the inbox is still empty. A message sent a moment earlier makes it
+  fail (and the thread is handed off below); one sent a moment later finds the
+  thread free, so its sender, or a serving worker, starts the next run.
+- messages are waiting: the lease is transferred to a follow-up run of this
+  process (``transfer_lease``: the thread is never free in between), which reads
+  the inbox afresh and handles them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+
+from etcd_leases.errors import LeaseLost
+from etcd_leases.hold import HeldLease, adopt, hold
+from etcd_leases.inbox import InboxProvider
+from etcd_leases.threads.messages import ThreadMessages
+
+_log = logging.getLogger("etcd_leases.threads")
+
+#: ``handler(thread, lease, messages)``: one run of a thread (see :class:`ThreadMessages`).
+Handler = Callable[[str, HeldLease, ThreadMessages], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ThreadRunner:
+    """Runs one thread: its first run and every follow-up, until the thread is released.
+
+    ``new_owner()`` names each run (owners are unique per run, so a frozen run never
+    passes for a later one); ``key`` is the thread's lease key.
+    """
+
+    provider: InboxProvider
+    handler: Handler
+    thread: str
+    key: str
+    new_owner: Callable[[], str]
+    ttl_ms: int
+    linger: float
+
+    async def run(self) -> None:
+        """Take the thread (``LeaseHeld`` if someone holds it) and run it until released.
+
+        Raises ``LeaseLost`` if a run lost the thread (its messages stay in the inbox
+        for whoever takes it next), or the handler's own exception (the thread is
+        released; its unacknowledged messages are delivered to the next run).
+        """
+        tenure: AbstractAsyncContextManager[HeldLease] | None = hold(
+            self.provider, self.key, self.new_owner(), self.ttl_ms
+        )
+        while tenure is not None:
+            async with tenure as lease:
+                await self._run_once(lease)
+                tenure = await self._end(lease)
+
+    async def _run_once(self, lease: HeldLease) -> None:
+        """The handler, cancelled (``LeaseLost``) the moment the run loses the thread."""
+        messages = ThreadMessages(self.provider.inbox, lease, self.thread, self.linger)
+        if not await messages.any_waiting():  # the handler only runs for messages
+            await messages.close()
+            return
+        work = asyncio.ensure_future(self.handler(self.thread, lease, messages))
+        lost = asyncio.ensure_future(lease.lost.wait())
+        try:
+            await asyncio.wait((work, lost), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, lost):
+                task.cancel()
+            await messages.close()  # first: a handler in a thread may be waiting on it
+            await asyncio.gather(work, lost, return_exceptions=True)
+        if not work.cancelled():
+            work.result()  # the handler's own exception, if any
+        lease.check()  # raises LeaseLost if the handler was cut short by the loss
+
+    async def _end(self, lease: HeldLease) -> AbstractAsyncContextManager[HeldLease] | None:
+        """Release the thread if its inbox is empty, else hand it to a follow-up run."""
+        inbox = self.provider.inbox
+        if await inbox.release_if_empty(self.key, lease.owner, lease.token, self.thread):
+            return None
+        follow_up = self.new_owner()
+        try:
+            await lease.transfer(follow_up)
+        except LeaseLost:
+            _log.warning("thread %r: %s lost it before handing it off", self.thread, lease.owner)
+            raise
+        _log.info("thread %r: %s handed off to %s", self.thread, lease.owner, follow_up)
+        return adopt(self.provider, self.key, follow_up, self.ttl_ms)

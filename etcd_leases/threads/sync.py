@@ -1,0 +1,114 @@
+"""Agent threads for threaded programs: the same recipe, with a blocking handler::
+
+    from etcd_leases.sync import EtcdLeaseProvider
+    from etcd_leases.threads.sync import Threads
+
+    def handle(thread, lease, messages):          # runs in a worker thread
+        for message in messages:
+            reply(message.text)
+            messages.ack(message)                 # LeaseLost once the run lost the thread
+
+    with EtcdLeaseProvider("127.0.0.1:2379") as provider:
+        threads = Threads(provider, handle)
+        threads.send("chat:42", "hello", run=True)
+
+A thread cannot be cancelled: a handler whose run lost its thread learns it from
+``lease.lost``, ``lease.check()``, the next message or ``ack`` (``LeaseLost``). The
+next run of the thread in this process starts only after the handler has returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from anyio.from_thread import BlockingPortal
+
+from etcd_leases.hold import HeldLease
+from etcd_leases.inbox import Message
+from etcd_leases.sync import SyncHeldLease, SyncLeaseProvider
+from etcd_leases.threads.messages import ThreadMessages
+from etcd_leases.threads.threads import Threads as AsyncThreads
+
+
+class SyncThreadMessages:
+    """A run's messages seen from the handler's thread (see :class:`ThreadMessages`)."""
+
+    def __init__(self, portal: BlockingPortal, messages: ThreadMessages) -> None:
+        self.thread = messages.thread
+        self._portal = portal
+        self._messages = messages
+
+    def __iter__(self) -> Iterator[Message]:
+        return self
+
+    def __next__(self) -> Message:
+        try:
+            return self._portal.call(self._messages.__anext__)
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def ack(self, message: Message) -> None:
+        """Remove ``message``, fenced by the run's token (``LeaseLost`` once it is lost)."""
+        self._portal.call(self._messages.ack, message)
+
+
+#: ``handler(thread, lease, messages)``, called in a worker thread for each run.
+SyncHandler = Callable[[str, SyncHeldLease, SyncThreadMessages], None]
+
+
+class Threads:
+    """Blocking :class:`etcd_leases.threads.Threads` over a sync provider; same options."""
+
+    def __init__(self, provider: SyncLeaseProvider, handler: SyncHandler, **options: Any) -> None:
+        self._portal = provider.portal
+        self._handler = handler
+        self.aio = AsyncThreads(provider.aio, self._run_in_thread, **options)
+        self._stop = self._portal.call(self._new_event)
+
+    @staticmethod
+    async def _new_event() -> asyncio.Event:
+        return asyncio.Event()
+
+    async def _run_in_thread(self, thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        held = SyncHeldLease(self._portal, lease)
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(
+            None, self._handler, thread, held, SyncThreadMessages(self._portal, messages)
+        )
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            await work  # never start another run of the thread while this one runs
+            raise
+        finally:
+            held._stop_mirroring()
+
+    def key(self, thread: str) -> str:
+        return self.aio.key(thread)
+
+    def send(self, thread: str, payload: str | bytes, *, run: bool = False) -> Message:
+        """Blocking :meth:`etcd_leases.threads.Threads.send`."""
+        return self._portal.call(functools.partial(self.aio.send, thread, payload, run=run))
+
+    def run(self, thread: str) -> bool:
+        """Blocking :meth:`etcd_leases.threads.Threads.run`."""
+        return self._portal.call(self.aio.run, thread)
+
+    def serve(self) -> None:
+        """Blocking :meth:`etcd_leases.threads.Threads.serve`, until :meth:`stop`."""
+
+        async def serve() -> None:
+            self._stop.clear()
+            await self.aio.serve(self._stop)
+
+        self._portal.call(serve)
+
+    def stop(self) -> None:
+        """Make :meth:`serve` return (its runs are cancelled, their threads released)."""
+        self._portal.call(self._set_stop)
+
+    async def _set_stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,199 @@
+"""Agent threads: every message sent to a thread reaches the one run that owns it.
+
+Written against the contract and the inbox capability, so it runs on etcd and on the
+in-memory model alike::
+
+    threads = Threads(provider, handle, ttl_ms=15_000)
+    await threads.send("chat:42", "hello")            # durable when it returns
+    await threads.send("chat:42", "hi", run=True)     # serverless: run it here if idle
+    await threads.serve()                             # a long-running worker
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import secrets
+import socket
+
+from etcd_leases.contract import check_key, check_owner, check_ttl_ms
+from etcd_leases.errors import (
+    LeaseError,
+    LeaseHeld,
+    LeaseLost,
+    LeaseTypeError,
+    LeaseValueError,
+    ProviderClosed,
+)
+from etcd_leases.inbox import (
+    DEFAULT_MAX_PENDING,
+    MAX_PAYLOAD_BYTES,
+    InboxProvider,
+    Message,
+    check_max_pending,
+    payload_bytes,
+)
+from etcd_leases.threads.run import Handler, ThreadRunner
+
+_log = logging.getLogger("etcd_leases.threads")
+# After a handler failed on a thread, how long a worker waits before running it again.
+_RETRY_AFTER_S = 1.0
+
+
+class Threads:
+    """Send messages to threads and run them, one owner per thread.
+
+    ``handler(thread, lease, messages)`` is one run of a thread: it iterates over
+    ``messages`` (see :class:`~etcd_leases.threads.ThreadMessages`) and acknowledges
+    each with ``await messages.ack(message)``; ``lease.token`` fences anything else
+    it writes. The lease key of ``thread`` is ``namespace + thread``.
+    """
+
+    def __init__(
+        self,
+        provider: object,
+        handler: Handler,
+        *,
+        worker: str | None = None,
+        ttl_ms: int = 15_000,
+        linger: float = 0.0,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+        namespace: str = "thread/",
+    ) -> None:
+        if not isinstance(provider, InboxProvider):
+            raise LeaseTypeError(
+                f"{type(provider).__name__} cannot run threads: it needs the hold "
+                "capabilities and an inbox (see etcd_leases.inbox.InboxProvider)"
+            )
+        worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        check_owner(worker, "worker")
+        check_ttl_ms(ttl_ms)
+        check_max_pending(max_pending)
+        if not 0 <= linger < float("inf"):
+            raise LeaseValueError(f"linger must be a number of seconds >= 0, got {linger!r}")
+        if not 0 < max_payload_bytes <= MAX_PAYLOAD_BYTES:
+            raise LeaseValueError(f"max_payload_bytes must be in 1 ..= {MAX_PAYLOAD_BYTES}")
+        if not isinstance(namespace, str):
+            raise LeaseTypeError(f"namespace must be a str, not {type(namespace).__name__}")
+        self.provider = provider
+        self.handler = handler
+        self.worker = worker
+        self.ttl_ms = ttl_ms
+        self.linger = linger
+        self.max_pending = max_pending
+        self.max_payload_bytes = max_payload_bytes
+        self.namespace = namespace
+        # Owners are unique per run, even across restarts of a worker of the same name:
+        # a run that was frozen must never pass for a later one.
+        self._runs = (f"{worker}/{secrets.token_hex(3)}-{n}" for n in itertools.count(1))
+        self._tenders: dict[str, asyncio.Task[None]] = {}
+        self._poked: set[str] = set()
+
+    def key(self, thread: str) -> str:
+        """The lease key of ``thread``."""
+        check_key(thread, "thread")
+        key = self.namespace + thread
+        check_key(key, "namespace + thread")
+        return key
+
+    async def send(self, thread: str, payload: str | bytes, *, run: bool = False) -> Message:
+        """Store ``payload`` at the end of ``thread``'s inbox; durable when this returns.
+
+        The thread's current run receives it by watch; if no run holds the thread,
+        ``run=True`` runs it here, in this call (the serverless case), else a serving
+        worker (or the next ``send(run=True)``) does. Raises ``InboxFull`` when
+        ``max_pending`` messages are waiting, ``ValueError`` for an oversized payload.
+        """
+        self.key(thread)  # refuse a thread name that makes no lease key, before writing
+        data = payload_bytes(payload, self.max_payload_bytes)
+        message = await self.provider.inbox.append(thread, data, self.max_pending)
+        if run:
+            await self.run(thread)
+        return message
+
+    async def run(self, thread: str) -> bool:
+        """Run ``thread`` here until its inbox is empty, if no one else holds it.
+
+        ``False`` when another run holds the thread (it receives the messages);
+        ``True`` once this call's runs have ended. Raises ``LeaseLost`` if a run lost
+        the thread, or the handler's exception.
+        """
+        runner = ThreadRunner(
+            self.provider,
+            self.handler,
+            thread,
+            self.key(thread),
+            lambda: next(self._runs),
+            self.ttl_ms,
+            self.linger,
+        )
+        try:
+            await runner.run()
+        except LeaseHeld:
+            return False
+        return True
+
+    async def serve(self, stop: asyncio.Event | None = None) -> None:
+        """Run every thread that has messages waiting and no live owner, until ``stop``.
+
+        Watches every inbox: a thread whose run is elsewhere is left to it, and taken
+        over if its owner dies (its lease expires) with messages still waiting.
+        Stopping cancels the runs here; their threads are released for others.
+        """
+        stop = stop or asyncio.Event()
+        watching = asyncio.ensure_future(self._watch_threads())
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((watching, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            tasks = [watching, stopped, *self._tenders.values()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if watching.done() and not watching.cancelled():
+            watching.result()  # the watch's error (a closed provider, refused access)
+
+    async def _watch_threads(self) -> None:
+        async with contextlib.aclosing(self.provider.inbox.watch_threads()) as threads:
+            async for thread in threads:
+                if thread in self._tenders:
+                    self._poked.add(thread)
+                else:
+                    self._tenders[thread] = asyncio.ensure_future(self._tend(thread))
+
+    async def _tend(self, thread: str) -> None:
+        """Run ``thread`` whenever it has messages and is free, until its inbox is empty."""
+        try:
+            while True:
+                self._poked.discard(thread)
+                try:
+                    if not await self.provider.inbox.pending(thread):
+                        if thread in self._poked:
+                            continue  # a message came during the read
+                        return
+                    if not await self.run(thread):
+                        await self._wait_until_free(thread)
+                except LeaseLost as exc:
+                    _log.warning("thread %r: a run lost it: %s", thread, exc)
+                except ProviderClosed:
+                    return
+                except LeaseError as exc:  # etcd unreachable, a stalled call: try again
+                    _log.warning("thread %r: %s; trying again", thread, exc)
+                    await asyncio.sleep(_RETRY_AFTER_S)
+                except Exception:
+                    _log.exception("thread %r: the handler failed", thread)
+                    await asyncio.sleep(_RETRY_AFTER_S)
+        finally:
+            self._tenders.pop(thread, None)
+
+    async def _wait_until_free(self, thread: str) -> None:
+        """Until the thread's owner releases it, or dies and its lease expires."""
+        states = self.provider.watch_owner(self.key(thread))
+        async with contextlib.aclosing(states):
+            async for state in states:
+                if state.owner is None:
+                    return

@@ -1,0 +1,316 @@
+"""Agent threads on the in-memory model and on etcd: routing, hand-off, wake-ups, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseLost, NoopLeaseProvider
+from etcd_leases.etcd.inbox import EtcdInbox
+from etcd_leases.etcd.inbox_keys import default_inbox_prefix
+from etcd_leases.inbox import MAX_PAYLOAD_BYTES
+from etcd_leases.testing import EtcdCluster
+from etcd_leases.threads import Handler, InboxFull, Message, ThreadMessages, Threads
+from tests.conftest import Live, unique_prefix
+
+
+@dataclass
+class Handled:
+    """What the handler saw: (thread, seq, payload, token) per message, in order."""
+
+    items: list[tuple[str, int, str, int]] = field(default_factory=list)
+    runs: list[tuple[str, int]] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def payloads(self, thread: str) -> list[str]:
+        return [payload for name, _, payload, _ in self.items if name == thread]
+
+
+def recorder(handled: Handled) -> Handler:
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        handled.runs.append((thread, lease.token))
+        async for message in messages:
+            handled.items.append((thread, message.seq, message.text, lease.token))
+            handled.arrived.set()
+            await messages.ack(message)
+
+    return handle
+
+
+async def test_send_then_run_handles_in_order_and_frees_the_thread(live: Live) -> None:
+    handled = Handled()
+    threads = Threads(live.provider, recorder(handled), ttl_ms=5000)
+    sent = [await threads.send("chat\0a", f"m{i}") for i in range(5)]
+    assert [message.seq for message in sent] == [1, 2, 3, 4, 5]
+    assert await threads.run("chat\0a")
+    assert handled.payloads("chat\0a") == [f"m{i}" for i in range(5)]
+    assert len(handled.runs) == 1
+    assert await live.provider.inbox.pending("chat\0a") == []
+    assert await live.provider.get_lease_owner(threads.key("chat\0a")) is None
+
+
+async def test_a_message_sent_during_a_run_reaches_that_run(live: Live) -> None:
+    handled = Handled()
+    arrived_at: list[float] = []
+
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        handled.runs.append((thread, lease.token))
+        async for message in messages:  # waits up to `linger` for the next one
+            handled.items.append((thread, message.seq, message.text, lease.token))
+            arrived_at.append(time.monotonic())
+            handled.arrived.set()
+            await messages.ack(message)
+            if len(handled.items) == 2:
+                return
+
+    threads = Threads(live.provider, handle, ttl_ms=5000, linger=30)
+    await threads.send("t", "first")
+    running = asyncio.create_task(threads.run("t"))
+    await asyncio.wait_for(handled.arrived.wait(), 10)
+    handled.arrived.clear()
+    # Steady state: the run's inbox watch is registered (a new process's first watch
+    # also opens the watch stream, tens of ms on a busy machine).
+    await asyncio.sleep(0.2)
+    sent_at = time.monotonic()
+    await threads.send("t", "second", run=True)  # the thread is held: the run gets it
+    await asyncio.wait_for(handled.arrived.wait(), 10)
+    latency = arrived_at[-1] - sent_at
+    assert await running
+    print(
+        f"\n{live.provider.__class__.__name__}: delivered to the running run in "
+        f"{latency * 1000:.1f} ms"
+    )
+    assert handled.payloads("t") == ["first", "second"]
+    assert len(handled.runs) == 1, "the second message must reach the run that was running"
+    assert handled.items[0][3] == handled.items[1][3]
+
+
+async def test_unacknowledged_messages_go_to_a_follow_up_run_with_a_higher_token(
+    live: Live,
+) -> None:
+    handled = Handled()
+    acked_once: list[int] = []
+
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        handled.runs.append((thread, lease.token))
+        async for message in messages:
+            handled.items.append((thread, message.seq, message.text, lease.token))
+            if not acked_once:  # the first run acks one message and leaves the rest
+                acked_once.append(message.seq)
+                await messages.ack(message)
+                return
+            await messages.ack(message)
+
+    threads = Threads(live.provider, handle, ttl_ms=5000)
+    for i in range(3):
+        await threads.send("t", f"m{i}")
+    assert await threads.run("t")
+    assert handled.payloads("t") == ["m0", "m1", "m2"]
+    (_, first), (_, second) = handled.runs
+    assert second > first
+    assert await live.provider.get_lease_owner(threads.key("t")) is None
+
+
+async def test_no_lost_wake_up_when_sends_race_the_end_of_runs(live: Live) -> None:
+    """Serverless senders racing a run that is ending: every message is handled."""
+    handled = Handled()
+    paths: Counter[str] = Counter()
+
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        first_of_run = True
+        async for message in messages:
+            handled.items.append((thread, message.seq, message.text, lease.token))
+            if message.text.startswith("b"):
+                # Who got the racing message: the ending run, its follow-up, or its sender.
+                worker = lease.owner.split("/")[0]
+                paths[f"{worker}, {'first' if first_of_run else 'later'} in its run"] += 1
+            first_of_run = False
+            await messages.ack(message)
+
+    threads = Threads(live.provider, handle, worker="A", ttl_ms=5000)
+    other = Threads(live.another(), handle, worker="B", ttl_ms=5000)
+    rounds = 60
+
+    async def send_after(delay: float, payload: str) -> None:
+        await asyncio.sleep(delay)
+        await other.send("race", payload, run=True)
+
+    for i in range(rounds):
+        await threads.send("race", f"a{i}")
+        # One run ends (its inbox looks empty) while another sender's message lands.
+        # The delays sweep the sender across the whole end of the run.
+        await asyncio.gather(threads.run("race"), send_after(i * 0.0002, f"b{i}"))
+        # Both calls returned: the message went to a run that has ended, so it was
+        # handled; nothing may be left waiting (no run is left to pick it up).
+        assert handled.payloads("race")[-2:] in ([f"a{i}", f"b{i}"], [f"b{i}", f"a{i}"])
+    print(f"\n{type(live.provider).__name__}: racing message handled by {dict(paths)}")
+    assert await live.provider.inbox.pending("race") == []
+    assert await live.provider.get_lease_owner(threads.key("race")) is None
+
+
+async def test_a_run_that_lost_its_thread_is_cut_short_and_cannot_acknowledge(
+    live: Live,
+) -> None:
+    seen: list[Message] = []
+
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        async for message in messages:
+            seen.append(message)
+            # Someone takes the thread from under the run (as after an expiry).
+            await live.provider.transfer_lease(lease.key, lease.owner, "thief", 5000)
+            # The run is cancelled as soon as it sees the loss; if it gets here first,
+            # the fenced ack refuses.
+            await messages.ack(message)
+            raise AssertionError("a run that lost its thread acknowledged a message")
+
+    threads = Threads(live.provider, handle, ttl_ms=5000)
+    await threads.send("t", "x")
+    with pytest.raises(LeaseLost):
+        await threads.run("t")
+    assert len(seen) == 1
+    assert [m.text for m in await live.provider.inbox.pending("t")] == ["x"]
+    assert await live.provider.get_lease_owner(threads.key("t")) == "thief"
+
+
+async def test_acks_and_releases_are_fenced_by_the_token(live: Live) -> None:
+    inbox = live.provider.inbox
+    message = await inbox.append("t", b"x", 10)
+    first = await live.provider.acquire_lease("thread/t", "run-1", 5000)
+    assert first.token is not None
+    assert await live.provider.transfer_lease("thread/t", "run-1", "run-2", 5000)
+    second = await live.provider.acquire_lease("thread/t", "run-2", 5000)
+    assert second.token is not None and second.token > first.token
+    assert not await inbox.ack("thread/t", "run-1", first.token, message)
+    assert not await inbox.ack("thread/t", "run-2", first.token, message)
+    assert not await inbox.release_if_empty("thread/t", "run-2", second.token, "t")
+    assert await inbox.ack("thread/t", "run-2", second.token, message)
+    assert await inbox.pending("t") == []
+    assert not await inbox.release_if_empty("thread/t", "run-1", first.token, "t")
+    assert await inbox.release_if_empty("thread/t", "run-2", second.token, "t")
+    assert await live.provider.get_lease_owner("thread/t") is None
+
+
+async def test_serve_takes_over_a_thread_whose_owner_died(live: Live) -> None:
+    handled = Handled()
+    threads = Threads(live.provider, recorder(handled), ttl_ms=1000)
+    # A dead owner: it holds the thread's lease, never renews it, never runs.
+    assert (await live.provider.acquire_lease(threads.key("t"), "dead", 1000)).acquired
+    await threads.send("t", "waiting")
+    stop = asyncio.Event()
+    serving = asyncio.create_task(threads.serve(stop))
+    await asyncio.wait_for(handled.arrived.wait(), 15)
+    await threads.send("t", "later")  # while serving: runs at once
+    deadline = time.monotonic() + 10
+    while handled.payloads("t") != ["waiting", "later"]:
+        assert time.monotonic() < deadline, handled.items
+        await asyncio.sleep(0.01)
+    stop.set()
+    await serving
+
+
+async def test_bad_input_is_refused_before_anything_is_written(live: Live) -> None:
+    threads = Threads(live.provider, recorder(Handled()), max_pending=2)
+    with pytest.raises(ValueError, match="payload is 1048577 bytes"):
+        await threads.send("t", b"x" * (MAX_PAYLOAD_BYTES + 1))
+    with pytest.raises(TypeError, match="thread must be a str"):
+        await threads.send(42, "x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="thread must not be empty"):
+        await threads.send("", "x")
+    with pytest.raises(TypeError, match="payload must be bytes or str"):
+        await threads.send("t", 3)  # type: ignore[arg-type]
+    assert await live.provider.inbox.pending("t") == []
+    await threads.send("t", "1")
+    await threads.send("t", "2")
+    with pytest.raises(InboxFull, match="holds 2 unacknowledged messages"):
+        await threads.send("t", "3")
+    assert [m.text for m in await live.provider.inbox.pending("t")] == ["1", "2"]
+    assert await threads.run("t")
+    await threads.send("t", "3")  # room again once the run caught up
+
+
+async def test_the_largest_payload_is_stored(live: Live) -> None:
+    threads = Threads(live.provider, recorder(Handled()))
+    payload = b"\xff" * MAX_PAYLOAD_BYTES
+    await threads.send("big", payload)
+    assert [m.payload for m in await live.provider.inbox.pending("big")] == [payload]
+
+
+def test_a_provider_without_an_inbox_is_refused() -> None:
+    with pytest.raises(TypeError, match="cannot run threads"):
+        Threads(NoopLeaseProvider(), recorder(Handled()))
+
+
+async def test_threads_do_not_see_each_others_messages(live: Live) -> None:
+    threads = Threads(live.provider, recorder(Handled()))
+    await threads.send("a", "for a")
+    await threads.send("a\0b", "for a-nul-b")
+    await threads.send("a/0001/x", "for a/0001/x")
+    assert [m.text for m in await live.provider.inbox.pending("a")] == ["for a"]
+
+
+@pytest.mark.parametrize(
+    ("lease_prefix", "inbox_root"),
+    [("/etcd-leases/", b"/etcd-leases.inbox/"), ("/app", b"/app\xff.inbox/"), ("", b"\xff.inbox/")],
+)
+def test_inboxes_never_fall_under_a_lease_key(lease_prefix: str, inbox_root: bytes) -> None:
+    assert default_inbox_prefix(lease_prefix) == inbox_root
+    with pytest.raises(ValueError, match="overlaps the lease prefix"):
+        EtcdInbox(EtcdLeaseProvider(prefix="/a/"), prefix="/a/inbox/")
+
+
+async def test_a_failing_handler_releases_the_thread_and_keeps_its_messages(live: Live) -> None:
+    async def fail(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        async for _ in messages:
+            raise RuntimeError("the model is down")
+
+    threads = Threads(live.provider, fail, ttl_ms=5000)
+    await threads.send("t", "x")
+    with pytest.raises(RuntimeError, match="the model is down"):
+        await threads.run("t")
+    assert await live.provider.get_lease_owner(threads.key("t")) is None
+    handled = Handled()
+    assert await Threads(live.provider, recorder(handled)).run("t")
+    assert handled.payloads("t") == ["x"]
+
+
+async def test_a_thread_with_nothing_waiting_is_not_run(live: Live) -> None:
+    handled = Handled()
+    threads = Threads(live.provider, recorder(handled))
+    assert await threads.run("idle")  # took the thread, found nothing, released it
+    assert handled.runs == []
+    assert await live.provider.get_lease_owner(threads.key("idle")) is None
+
+
+async def test_concurrent_sends_to_one_thread_get_one_seq_each_in_ack_order(live: Live) -> None:
+    threads = [
+        Threads(live.provider, recorder(Handled())),
+        Threads(live.another(), recorder(Handled())),
+    ]
+
+    async def sender(index: int) -> list[int]:
+        seqs = []
+        for i in range(25):
+            message = await threads[index % 2].send("busy", f"{index}-{i}")
+            seqs.append(message.seq)
+        return seqs
+
+    per_sender = await asyncio.gather(*(sender(index) for index in range(8)))
+    for seqs in per_sender:  # each sender's sends were acknowledged one after the other
+        assert seqs == sorted(seqs)
+    every = sorted(seq for seqs in per_sender for seq in seqs)
+    assert every == list(range(1, 201))
+    waiting = await live.provider.inbox.pending("busy")
+    assert [message.seq for message in waiting] == every
+
+
+async def test_threads_work_under_a_lease_prefix_without_a_final_slash(etcd: EtcdCluster) -> None:
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix().rstrip("/")) as provider:
+        handled = Handled()
+        threads = Threads(provider, recorder(handled))
+        await threads.send("t", "x", run=True)
+        assert handled.payloads("t") == ["x"]
+        assert await provider.inbox.pending("t") == []

@@ -1,0 +1,97 @@
+"""Agent threads from threads (etcd_leases.threads.sync), on memory and on etcd."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from etcd_leases import LeaseLost
+from etcd_leases.sync import EtcdLeaseProvider, InMemoryLeaseProvider, SyncHeldLease
+from etcd_leases.sync import SyncLeaseProvider as Provider
+from etcd_leases.threads.sync import SyncThreadMessages, Threads
+from tests.conftest import ETCD_BINARIES, EtcdMembers, unique_prefix
+
+
+@pytest.fixture(params=["memory", *ETCD_BINARIES])
+def providers(
+    request: pytest.FixtureRequest, etcd_members: EtcdMembers
+) -> Iterator[list[Provider]]:
+    """Two blocking providers of one backend (two processes' worth, on etcd)."""
+    if request.param == "memory":
+        only = InMemoryLeaseProvider()
+        yield [only, only]
+        only.close()
+        return
+    endpoints = etcd_members.get(ETCD_BINARIES[str(request.param)]).endpoints
+    prefix = unique_prefix()
+    with (
+        EtcdLeaseProvider(endpoints, prefix=prefix) as one,
+        EtcdLeaseProvider(endpoints, prefix=prefix) as two,
+    ):
+        yield [one, two]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, int, str]] = []  # thread, payload, token, OS thread
+        self.arrived = threading.Event()
+
+    def __call__(self, thread: str, lease: SyncHeldLease, messages: SyncThreadMessages) -> None:
+        for message in messages:
+            self.seen.append((thread, message.text, lease.token, threading.current_thread().name))
+            self.arrived.set()
+            messages.ack(message)
+
+
+def test_send_and_run_in_a_worker_thread(providers: list[Provider]) -> None:
+    handled = Recorder()
+    threads = Threads(providers[0], handled, ttl_ms=5000)
+    threads.send("chat", "one")
+    threads.send("chat", "two", run=True)
+    assert [payload for _, payload, _, _ in handled.seen] == ["one", "two"]
+    assert handled.seen[0][3] != threading.current_thread().name
+    assert providers[1].get_lease_owner(threads.key("chat")) is None
+
+
+def test_serve_from_a_thread_until_stopped(providers: list[Provider]) -> None:
+    handled = Recorder()
+    worker = Threads(providers[0], handled, worker="w", ttl_ms=5000)
+    sender = Threads(providers[1], handled, worker="s", ttl_ms=5000)
+    serving = threading.Thread(target=worker.serve)
+    serving.start()
+    try:
+        for i in range(5):
+            sender.send(f"t{i % 2}", f"m{i}")
+        deadline = time.monotonic() + 10
+        while len(handled.seen) < 5:
+            assert time.monotonic() < deadline, handled.seen
+            time.sleep(0.01)
+    finally:
+        worker.stop()
+        serving.join(10)
+    assert not serving.is_alive()
+    assert sorted(payload for _, payload, _, _ in handled.seen) == [f"m{i}" for i in range(5)]
+
+
+def test_a_handler_that_lost_its_thread_cannot_ack(providers: list[Provider]) -> None:
+    outcome: list[str] = []
+
+    def handle(thread: str, lease: SyncHeldLease, messages: SyncThreadMessages) -> None:
+        for message in messages:
+            providers[1].transfer_lease(lease.key, lease.owner, "thief", 5000)
+            assert lease.lost.wait(5)
+            try:
+                messages.ack(message)
+            except LeaseLost:
+                outcome.append("refused")
+                raise
+
+    threads = Threads(providers[0], handle, ttl_ms=5000)
+    threads.send("t", "x")
+    with pytest.raises(LeaseLost):
+        threads.run("t")
+    assert outcome == ["refused"]
+    assert providers[1].get_lease_owner(threads.key("t")) == "thief"
