@@ -10,7 +10,7 @@ import pytest
 
 from etcd_leases import BackendUnavailable, EtcdLeaseProvider, LeaseValueError, ProviderClosed
 from etcd_leases.etcd.client import parse_endpoints
-from etcd_leases.etcd.provider import EtcdKeeper
+from etcd_leases.etcd.provider import EtcdKeeper, Grant
 from etcd_leases.etcd.txn import Txn, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
@@ -280,3 +280,29 @@ async def test_watch_owner_never_goes_back_after_a_compaction(
                 seen.append(state.owner)
     await states.aclose()
     assert seen == ["C"]
+
+
+async def test_acquire_grants_again_when_it_stalled_past_its_grant(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process frozen between its grant and its create (GC, SIGSTOP) finds the lease
+    # expired: the create is refused with "lease not found", and acquire must grant
+    # again rather than fail (seen when a chaos test froze a serverless sender).
+    grant = etcd_provider._grant
+    stalled: list[int] = []
+
+    async def grant_then_stall(ttl_ms: int) -> Grant:
+        granted = await grant(ttl_ms)
+        if not stalled:
+            stalled.append(granted.lease_id)
+            for _ in range(150):  # until etcd has expired the grant (30 s at most)
+                if (await etcd_provider.client.time_to_live(granted.lease_id)).TTL == -1:
+                    break
+                await asyncio.sleep(0.2)
+        return granted
+
+    monkeypatch.setattr(etcd_provider, "_grant", grant_then_stall)
+    result = await etcd_provider.acquire_lease("stalled", "alice", 1000)
+    assert result.acquired and stalled
+    kv = await etcd_provider.client.range(etcd_provider.etcd_key("stalled"))
+    assert kv is not None and kv.lease not in (0, stalled[0]) and kv.mod_revision == result.token

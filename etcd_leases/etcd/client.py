@@ -453,6 +453,11 @@ class EtcdClient:
             return (await self.time_to_live(lease_id)).grantedTTL
         return response.TTL
 
+    @staticmethod
+    def is_lease_not_found(exc: BackendError) -> bool:
+        """Whether etcd refused a call because the lease it names does not exist."""
+        return _LEASE_NOT_FOUND in str(exc)
+
     async def revoke(self, lease_id: int) -> bool:
         """Revoke a lease and delete its keys; ``False`` if it was already gone."""
         try:
@@ -462,7 +467,7 @@ class EtcdClient:
                 pb.LeaseRevokeResponse,
             )
         except BackendError as exc:
-            if _LEASE_NOT_FOUND in str(exc):
+            if self.is_lease_not_found(exc):
                 return False
             raise
         return True

@@ -29,6 +29,7 @@ from etcd_leases.contract import (
     check_transfer_call,
 )
 from etcd_leases.errors import (
+    BackendError,
     BackendUnavailable,
     LeaseError,
     LeaseLost,
@@ -193,11 +194,19 @@ class EtcdBackend:
             while True:
                 if kv is None:
                     grant = grant or await self._grant(ttl_ms)
-                    kv = await self._cas(
-                        Txn.when(create_revision_is(etcd_key, 0))
-                        .then(put(etcd_key, value, grant.lease_id), get(etcd_key))
-                        .otherwise(get(etcd_key))
-                    )
+                    try:
+                        kv = await self._cas(
+                            Txn.when(create_revision_is(etcd_key, 0))
+                            .then(put(etcd_key, value, grant.lease_id), get(etcd_key))
+                            .otherwise(get(etcd_key))
+                        )
+                    except BackendError as exc:
+                        if not self._client.is_lease_not_found(exc):
+                            raise
+                        # This process stalled past the grant's TTL before the create
+                        # reached etcd: nothing was written under it. Grant again.
+                        grant = None
+                        continue
                     if kv is not None and kv.lease == grant.lease_id:
                         return AcquireResult(True, owner, kv.mod_revision, grant.ttl_s * 1000)
                 elif kv.value != value:
