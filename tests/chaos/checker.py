@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etcd_leases.etcd.keepalive import LEASE_NOT_FOUND
+from etcd_leases.etcd.version import has_bug_15247
 
 Record = dict[str, Any]
 
@@ -39,18 +40,6 @@ LEADER_STALLS = frozenset({"pause_leader", "partition_leader"})
 # Reasons a holder gives when etcd, not the holder, ended the tenure: the key's watch
 # saw it deleted, or a keep-alive was told the lease is gone.
 DELETED_BY_ETCD = ("deleted or expired", LEASE_NOT_FOUND)
-# The first fixed release of each line (etcd PR 16822 in 3.6.0, backports PR 17425 and
-# PR 17465); earlier lines are affected. (The library's own check, after the defects
-# branch is merged, is etcd_leases.etcd.version.has_bug_15247.)
-FIXED_15247 = {(3, 4): 31, (3, 5): 13}
-
-
-def affected_by_15247(version: str) -> bool:
-    major, minor, patch = (int(part) for part in version.split(".")[:3])
-    if (major, minor) >= (3, 6):
-        return False
-    fixed = FIXED_15247.get((major, minor))
-    return fixed is None or patch < fixed
 
 
 @dataclass(frozen=True)
@@ -160,7 +149,7 @@ def check_overlaps(
                     f"{later.token}) at {later.acquired_at:.3f}"
                 )
                 stall = _recent_stall(faults, later.acquired_at)
-                if earlier.early_deletion and stall is not None and affected_by_15247(version):
+                if earlier.early_deletion and stall is not None and has_bug_15247(version):
                     report.bug_15247.append(Finding("overlap after early deletion", key, detail))
                 else:
                     report.violations.append(Finding("overlapping tenures", key, detail))
@@ -179,7 +168,7 @@ def check_early_deletions(
             f"{tenure.worker} (token {tenure.token}) saw {lost['reason']!r} at {lost['at']:.3f}, "
             f"{lost['deadline'] - lost['at']:.3f} s before its own deadline"
         )
-        if stall is not None and affected_by_15247(version):
+        if stall is not None and has_bug_15247(version):
             detail += f"; {stall['kind']} healed {lost['at'] - stall['heal']:.3f} s before"
             report.bug_15247.append(Finding("early deletion", tenure.key, detail))
         else:
