@@ -19,9 +19,15 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING
 
-from etcd_leases import errors
 from etcd_leases.contract import AcquireResult, HoldingProvider, Keeper, check_owner
-from etcd_leases.errors import LeaseError, LeaseHeld, LeaseLost, LeaseTypeError, LeaseValueError
+from etcd_leases.errors import (
+    BackendUnavailable,
+    LeaseError,
+    LeaseHeld,
+    LeaseLost,
+    LeaseTypeError,
+    LeaseValueError,
+)
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
@@ -139,7 +145,7 @@ class HeldLease:
     async def _release(self) -> None:
         try:
             await self._provider.release_lease(self.key, self.owner)
-        except errors.BackendUnavailable as exc:
+        except BackendUnavailable as exc:
             _log.warning(
                 "could not release %r held by %r (%s); it expires on its own within %d ms",
                 self.key,

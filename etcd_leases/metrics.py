@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from contextlib import aclosing
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -125,10 +124,11 @@ class MeteredKeeper:
     def lose(self, reason: str) -> None:
         # The recipes call this when the holder ends the tenure (release, transfer).
         self.ending_by_holder = True
-        self._end()
+        self.end()
         self._inner.lose(reason)
 
-    def _end(self) -> None:
+    def end(self) -> None:
+        """Count the end of the tenure, once: a loss unless its holder ended it."""
         if self._ended:
             return
         self._ended = True
@@ -147,7 +147,7 @@ class MeteredKeeper:
             self.ending_by_holder = True
             raise
         finally:
-            self._end()
+            self.end()
 
 
 def _outcome(result: object) -> str:
@@ -205,12 +205,11 @@ class MeteredProvider(Holding):
         )
         if kept is not None and not moved:
             kept.ending_by_holder = False  # it was lost before: a loss after all
+            kept.end()  # counted now: hold's lose() that follows would say "by its holder"
         return moved
 
-    async def watch_owner(self, key: str) -> AsyncGenerator[OwnerState, None]:
-        async with aclosing(self.provider.watch_owner(key)) as states:
-            async for state in states:
-                yield state
+    def watch_owner(self, key: str) -> AsyncGenerator[OwnerState, None]:
+        return self.provider.watch_owner(key)
 
     async def keep_lease(
         self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from etcd_leases import Election, EtcdLeaseProvider, HoldingProvider, ProviderClosed
 from etcd_leases.metrics import LeaseMetrics, MeteredProvider
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import Live
+from tests.conftest import Live, unique_prefix
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -55,10 +55,10 @@ async def test_hold_adopt_and_election_run_on_a_metered_provider(live: Live) -> 
 
 async def test_a_key_deleted_from_outside_counts_as_lost(etcd: EtcdCluster) -> None:
     registry = CollectorRegistry()
-    async with EtcdLeaseProvider(etcd.endpoints, prefix="/metrics-test/lost/") as provider:
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
         metered = MeteredProvider(provider, LeaseMetrics(registry))
         async with metered.hold("job", "alice", 10_000) as lease:
-            etcd.etcdctl("del", "/metrics-test/lost/job")
+            etcd.etcdctl("del", provider.etcd_key("job").decode())
             await asyncio.wait_for(lease.lost.wait(), 5)
             await asyncio.sleep(0)  # the keeper's watch counts the loss
             assert value(registry, "etcd_leases_leases_held") == 0

@@ -133,14 +133,17 @@ class StopSignals:
 
     def __enter__(self) -> Self:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # Put back on exit: remove_signal_handler would leave the default (death).
+        self._previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for sig in self._previous:
             loop.add_signal_handler(sig, self._received, sig)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig, previous in self._previous.items():
             loop.remove_signal_handler(sig)
+            signal.signal(sig, previous)
 
     def _received(self, sig: int) -> None:
         if self.signal is None:
