@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -104,6 +104,20 @@ class HeldLease:
             self.check()
         self._handed_on = self._ended_by_holder = True
         self._keeper.lose(f"transferred to {to_owner!r}")
+
+    async def release_with(self, release: Callable[[], Awaitable[bool]]) -> bool:
+        """End the tenure by ``release``, the caller's own atomic, fenced step that frees
+        the key (say, only while an inbox is empty); whether it did.
+
+        The key's watch then reports no loss, and the block's exit releases nothing more.
+        """
+        self._ended_by_holder = True  # before the await: the key's change is ours
+        if not await release():
+            self._ended_by_holder = False
+            return False
+        self._handed_on = True
+        self._keeper.lose("released by its holder")
+        return True
 
     async def put(self, data_key: str, value: str | bytes) -> bool:
         """Write ``data_key`` only while this tenure holds the key; whether it applied."""

@@ -17,8 +17,20 @@ from google.protobuf.message import Message
 
 from etcd_leases import EtcdLeaseProvider
 from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 LoseAnswers = Callable[[int], None]
+
+
+def lost_answer() -> grpc.aio.AioRpcError:
+    """What gRPC raises when a call's deadline passes before etcd's answer came."""
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        details="the answer was lost (test)",
+        debug_error_string="",
+    )
 
 
 @pytest.fixture
@@ -34,13 +46,7 @@ def lose_answers(etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPat
         response = await original(index, path, request, response_type, deadline_s)
         if path.endswith("/Txn") and to_lose[0] > 0:
             to_lose[0] -= 1
-            raise grpc.aio.AioRpcError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                grpc.aio.Metadata(),
-                grpc.aio.Metadata(),
-                details="the answer was lost (test)",
-                debug_error_string="",
-            )
+            raise lost_answer()
         return response
 
     monkeypatch.setattr(client, "_attempt", attempt)
@@ -141,3 +147,44 @@ async def test_fenced_put_of_a_tenure_that_ended(
     lose_answers(1)
     assert not await p.put_fenced("k", "alice", result.token, data, b"stale")
     assert await p.get_value(data) is None
+
+
+async def test_a_send_acknowledged_before_its_answer_came_is_not_sent_twice(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The send lands, a run acknowledges (deletes) its message at once, and only then
+    # is the answer lost: the copy sent again must not store the message a second time.
+    client, inbox = etcd_provider.client, etcd_provider.inbox
+    original = client._attempt
+    lost: list[bytes] = []
+
+    async def attempt(
+        index: int, path: str, request: Message, response_type: type[Message], deadline_s: float
+    ) -> Message:
+        response = await original(index, path, request, response_type, deadline_s)
+        if path.endswith("/Txn") and not lost:
+            assert isinstance(request, pb.TxnRequest)
+            lost.append(request.success[1].request_put.key)
+            await client.call(
+                "/etcdserverpb.KV/DeleteRange",
+                pb.DeleteRangeRequest(key=lost[0]),
+                pb.DeleteRangeResponse,
+            )
+            raise lost_answer()
+        return response
+
+    monkeypatch.setattr(client, "_attempt", attempt)
+    message = await inbox.append("thread", b"hello", 100)
+    assert lost and message.seq == 1
+    assert await inbox.pending("thread") == []  # acknowledged once, not stored again
+
+
+async def test_release_if_empty(
+    etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers
+) -> None:
+    p = etcd_provider
+    result = await p.acquire_lease("owner-of-thread", "alice", 5000)
+    assert result.token is not None
+    lose_answers(1)
+    assert await p.inbox.release_if_empty("owner-of-thread", "alice", result.token, "thread")
+    assert await p.get_lease_owner("owner-of-thread") is None

@@ -314,3 +314,16 @@ async def test_threads_work_under_a_lease_prefix_without_a_final_slash(etcd: Etc
         await threads.send("t", "x", run=True)
         assert handled.payloads("t") == ["x"]
         assert await provider.inbox.pending("t") == []
+
+
+async def test_a_run_that_ends_normally_logs_no_loss(
+    live: Live, caplog: pytest.LogCaptureFixture
+) -> None:
+    handled = Handled()
+    threads = Threads(live.provider, recorder(handled), ttl_ms=5000)
+    await threads.send("quiet", "m")
+    with caplog.at_level("WARNING", logger="etcd_leases"):
+        assert await threads.run("quiet")
+        await asyncio.sleep(0.2)  # the key's watch event of the release arrives
+    assert handled.payloads("quiet") == ["m"]
+    assert [r.getMessage() for r in caplog.records if "lost" in r.getMessage()] == []

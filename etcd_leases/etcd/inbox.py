@@ -20,7 +20,9 @@ finds the thread free.
 
 **Unknown outcomes.** A txn whose answer is lost is sent again, identically: it
 compares the same ``seq`` revision, so the copies commit at most once, and the nonce
-in the message key tells whether one of ours did.
+in the message key (and in the ``seq`` value) tells whether one of ours did; where
+neither can tell any more, the send raises BackendUnavailable rather than risk a
+second copy.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import secrets
 from collections.abc import AsyncGenerator
 
 from etcd_leases.contract import check_key, check_owner
-from etcd_leases.errors import BackendUnavailable, LeaseError
+from etcd_leases.errors import BackendUnavailable
 from etcd_leases.etcd.client import prefix_end
 from etcd_leases.etcd.inbox_keys import InboxKeys, id_of, key_of
 from etcd_leases.etcd.provider import EtcdBackend
@@ -47,8 +49,6 @@ from etcd_leases.etcd.txn import (
 )
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.inbox import InboxFull, Message, check_append, payload_bytes
-
-_TXN_ATTEMPTS = 3
 
 
 class _SendQueue:
@@ -100,38 +100,40 @@ class EtcdInbox:
         if not queue.known:
             queue.seq_kv, queue.known = await self._client.range(seq_key), True
         while True:
-            last = int(queue.seq_kv.value) if queue.seq_kv is not None else 0
+            last = int(queue.seq_kv.value.split()[0]) if queue.seq_kv is not None else 0
             seen = queue.seq_kv.mod_revision if queue.seq_kv is not None else 0
             key = self.keys.message(thread, last + 1, nonce)
             compares = [mod_revision_is(seq_key, seen)]
             if (oldest_allowed := last + 2 - max_pending) > 1:
                 end = self.keys.messages(thread, below_seq=oldest_allowed)
                 compares.append(range_is_empty(self.keys.messages(thread), end))
+            # The seq key carries the nonce too: after a lost answer it says whether
+            # ours was the last send, even once its message has been acknowledged.
+            seq_value = b"%d %s" % (last + 1, nonce.encode())
             txn = (
                 Txn.when(*compares)
-                .then(put(seq_key, b"%d" % (last + 1)), put(key, data), get(seq_key))
+                .then(put(seq_key, seq_value), put(key, data), get(seq_key))
                 .otherwise(get(seq_key), get(key))
             )
-            response = await self._send(txn)
+            response, answers_lost = await self._backend._send_copies(txn)
             queue.seq_kv = first_kv(response)
-            if response.succeeded or self._found(response, 1):
+            ours = queue.seq_kv is not None and queue.seq_kv.value == seq_value
+            if response.succeeded or self._found(response, 1) or (answers_lost and ours):
                 return Message(thread, last + 1, data, id_of(key))
             if (queue.seq_kv.mod_revision if queue.seq_kv is not None else 0) == seen:
                 raise InboxFull(thread, max_pending)
+            if answers_lost:
+                # A copy of ours may have landed, been acknowledged and been followed
+                # by another send: sending again could deliver the message twice.
+                raise BackendUnavailable(
+                    f"etcd: the answer to a send to {thread!r} was lost and another send "
+                    "followed: whether it was stored is unknown"
+                )
             # Another process's send took this seq: take the next one.
 
     @staticmethod
     def _found(response: pb.TxnResponse, index: int) -> bool:
         return bool(response.responses[index].response_range.kvs)
-
-    async def _send(self, txn: Txn) -> pb.TxnResponse:
-        for attempt in range(_TXN_ATTEMPTS):
-            try:
-                return await self._client.txn(txn.request)
-            except BackendUnavailable:
-                if attempt == _TXN_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
 
     async def pending(self, thread: str) -> list[Message]:
         check_key(thread, "thread")
@@ -157,7 +159,7 @@ class EtcdInbox:
         lease_key = self._backend.etcd_key(key)
         txn = Txn.when(mod_revision_is(lease_key, token), value_is(lease_key, owner.encode()))
         # Deleting an absent key succeeds, so a lost answer can be settled by asking again.
-        response = await self._send(txn.then(delete(key_of(message.id))))
+        response, _ = await self._backend._send_copies(txn.then(delete(key_of(message.id))))
         return response.succeeded
 
     async def release_if_empty(self, key: str, owner: str, token: int, thread: str) -> bool:
@@ -166,19 +168,24 @@ class EtcdInbox:
         check_key(thread, "thread")
         self._client.check_open()
         lease_key, messages = self._backend.etcd_key(key), self.keys.messages(thread)
-        txn = Txn.when(
-            mod_revision_is(lease_key, token),
-            value_is(lease_key, owner.encode()),
-            range_is_empty(messages, prefix_end(messages)),
-        ).then(get(lease_key), delete(lease_key))
-        response = await self._send(txn)
+        txn = (
+            Txn.when(
+                mod_revision_is(lease_key, token),
+                value_is(lease_key, owner.encode()),
+                range_is_empty(messages, prefix_end(messages)),
+            )
+            .then(get(lease_key), delete(lease_key))
+            .otherwise(get(lease_key))
+        )
+        response, answers_lost = await self._backend._send_copies(txn)
         if not response.succeeded:
-            return False
+            # After a lost answer, a key gone means a copy of ours deleted it (or it
+            # expired): the thread is free either way, its lease gone or expiring.
+            return answers_lost and first_kv(response) is None
         kv = first_kv(response)
         if kv is not None and kv.lease:
             # The tenure's own lease now holds no key: revoke it rather than leak it.
-            with contextlib.suppress(LeaseError):
-                await self._client.revoke(kv.lease)
+            await self._backend._revoke_quietly(kv.lease)
         return True
 
     async def watch_threads(self) -> AsyncGenerator[str, None]:

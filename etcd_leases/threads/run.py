@@ -84,7 +84,9 @@ class ThreadRunner:
     async def _end(self, lease: HeldLease) -> AbstractAsyncContextManager[HeldLease] | None:
         """Release the thread if its inbox is empty, else hand it to a follow-up run."""
         inbox = self.provider.inbox
-        if await inbox.release_if_empty(self.key, lease.owner, lease.token, self.thread):
+        if await lease.release_with(
+            lambda: inbox.release_if_empty(self.key, lease.owner, lease.token, self.thread)
+        ):
             return None
         follow_up = self.new_owner()
         try:

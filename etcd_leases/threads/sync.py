@@ -78,13 +78,20 @@ class Threads:
         work = loop.run_in_executor(
             None, self._handler, thread, held, SyncThreadMessages(self._portal, messages)
         )
+        # Never start another run of the thread while this one runs, however often
+        # the run is cancelled meanwhile.
+        cancelled = False
         try:
-            await asyncio.shield(work)
-        except asyncio.CancelledError:
-            await work  # never start another run of the thread while this one runs
-            raise
+            while not work.done():
+                try:
+                    await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    cancelled = True
         finally:
             held._stop_mirroring()
+        if cancelled:
+            raise asyncio.CancelledError
+        work.result()
 
     def key(self, thread: str) -> str:
         return self.aio.key(thread)
