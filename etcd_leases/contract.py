@@ -103,6 +103,9 @@ class Keeper(Protocol):
 class HoldingProvider(LeaseProvider, Protocol):
     """What the recipes (hold, election) need beyond the five calls.
 
+    - ``acquire_kept``: ``acquire_lease`` and, when acquired, ``keep_lease`` in one
+      step, so a backend can choose how held keys are kept (etcd: on one session
+      lease per TTL). The keeper is ``None`` when the key was not acquired.
     - ``watch_owner``: the key's state now, then every change of tenure, with no polling.
     - ``keep_lease``: renew a tenure in the background and notice its loss at once,
       whether it expired, was released, transferred or deleted by anyone.
@@ -113,6 +116,10 @@ class HoldingProvider(LeaseProvider, Protocol):
       ``token`` names still holds ``key``, atomically; ``False`` when it does not.
       ``get_value`` reads such data back.
     """
+
+    async def acquire_kept(
+        self, key: str, owner: str, ttl_ms: int
+    ) -> tuple[AcquireResult, Keeper | None]: ...
 
     def watch_owner(self, key: str) -> AsyncGenerator[OwnerState, None]: ...
 

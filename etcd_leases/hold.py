@@ -203,6 +203,13 @@ async def _release_quietly(provider: HoldingProvider, key: str, owner: str) -> N
         await provider.release_lease(key, owner)
 
 
+def _give_back(provider: HoldingProvider, key: str, owner: str) -> None:
+    """Release a key taken for a holder that will not hold it, in the background."""
+    task = asyncio.get_running_loop().create_task(_release_quietly(provider, key, owner))
+    _give_backs.add(task)
+    task.add_done_callback(_give_backs.discard)
+
+
 async def _keep(
     provider: HoldingProvider, key: str, owner: str, result: AcquireResult, sent_at: float
 ) -> HeldLease:
@@ -213,9 +220,7 @@ async def _keep(
     except BaseException:
         # Acquired but not kept (cancelled, or the backend failed): give the key back
         # rather than leave it taken, by no one, until its TTL runs out.
-        task = asyncio.get_running_loop().create_task(_release_quietly(provider, key, owner))
-        _give_backs.add(task)
-        task.add_done_callback(_give_backs.discard)
+        _give_back(provider, key, owner)
         raise
     return HeldLease(provider, key, owner, result, keeper)
 
@@ -223,14 +228,12 @@ async def _keep(
 async def _acquire(
     provider: HoldingProvider, key: str, owner: str, ttl_ms: int, wait: float | None
 ) -> HeldLease:
-    sent_at = time.monotonic()
-    result = await provider.acquire_lease(key, owner, ttl_ms)
-    if not result.acquired:
+    result, keeper = await provider.acquire_kept(key, owner, ttl_ms)
+    if keeper is None:
         if wait == 0:
             raise LeaseHeld(key, result.owner)
-        sent_at, result = await _wait_for(provider, key, owner, ttl_ms, wait, result.owner)
-    # Outside the wait's timeout: once acquired, the tenure is kept or given back.
-    return await _keep(provider, key, owner, result, sent_at)
+        result, keeper = await _wait_for(provider, key, owner, ttl_ms, wait, result.owner)
+    return HeldLease(provider, key, owner, result, keeper)
 
 
 async def _wait_for(
@@ -240,8 +243,9 @@ async def _wait_for(
     ttl_ms: int,
     wait: float | None,
     holder: str | None,
-) -> tuple[float, AcquireResult]:
-    """Watch ``key`` and acquire it as soon as it is free: (send time, result)."""
+) -> tuple[AcquireResult, Keeper]:
+    """Watch ``key`` and acquire it as soon as it is free."""
+    acquired: tuple[AcquireResult, Keeper] | None = None
     try:
         async with asyncio.timeout(wait), aclosing(provider.watch_owner(key)) as states:
             # The first state is the key as it is now, so a release between our
@@ -250,14 +254,21 @@ async def _wait_for(
                 if state.owner is not None and state.owner != owner:
                     holder = state.owner
                     continue
-                sent_at = time.monotonic()
-                result = await provider.acquire_lease(key, owner, ttl_ms)
-                if result.acquired:
-                    return sent_at, result
+                result, keeper = await provider.acquire_kept(key, owner, ttl_ms)
+                if keeper is not None:
+                    acquired = result, keeper
+                    break
                 holder = result.owner
     except TimeoutError:
-        raise LeaseHeld(key, holder) from None
-    raise LeaseHeld(key, holder)  # the watch ended without the key coming free
+        pass  # taken just in time, or not at all
+    except BaseException:
+        if acquired is not None:  # cancelled while the watch closed: give it back
+            acquired[1].lose("given back: its holder was cancelled")
+            _give_back(provider, key, owner)
+        raise
+    if acquired is None:
+        raise LeaseHeld(key, holder)
+    return acquired
 
 
 @asynccontextmanager

@@ -159,6 +159,17 @@ class MemoryBackend:
         finally:
             self._watchers[key].discard(queue)
 
+    async def acquire_kept(
+        self, key: str, owner: str, ttl_ms: int
+    ) -> tuple[AcquireResult, _MemoryKeeper | None]:
+        sent_at = time.monotonic()  # the keeper counts on this clock
+        result = await self.acquire_lease(key, owner, ttl_ms)
+        if not result.acquired:
+            return result, None
+        assert result.token is not None and result.ttl_ms is not None
+        valid_until = sent_at + result.ttl_ms / 1000
+        return result, await self.keep_lease(key, owner, result.token, ttl_ms, valid_until)
+
     async def keep_lease(
         self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
     ) -> _MemoryKeeper:

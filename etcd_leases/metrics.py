@@ -151,6 +151,8 @@ class MeteredKeeper:
 
 
 def _outcome(result: object) -> str:
+    if isinstance(result, tuple) and result and isinstance(result[0], AcquireResult):
+        result = result[0]
     if isinstance(result, AcquireResult):
         return "acquired" if result.acquired else "held"
     if isinstance(result, bool):
@@ -211,13 +213,23 @@ class MeteredProvider(Holding):
     def watch_owner(self, key: str) -> AsyncGenerator[OwnerState, None]:
         return self.provider.watch_owner(key)
 
+    async def acquire_kept(
+        self, key: str, owner: str, ttl_ms: int
+    ) -> tuple[AcquireResult, MeteredKeeper | None]:
+        result, keeper = await self._measure(
+            "acquire", self.provider.acquire_kept(key, owner, ttl_ms)
+        )
+        return result, None if keeper is None else self._metered(key, owner, keeper)
+
     async def keep_lease(
         self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
     ) -> MeteredKeeper:
         keeper = await self._measure(
             "keep", self.provider.keep_lease(key, owner, token, ttl_ms, valid_until)
         )
+        return self._metered(key, owner, keeper)
 
+    def _metered(self, key: str, owner: str, keeper: Keeper) -> MeteredKeeper:
         def forget(ended: MeteredKeeper) -> None:
             if self._kept.get((key, owner)) is ended:  # not a later tenure of the same pair
                 del self._kept[(key, owner)]

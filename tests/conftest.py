@@ -67,6 +67,32 @@ def unique_prefix() -> str:
     return f"/test/{uuid.uuid4().hex}/"
 
 
+async def assert_no_lease_leaked(provider: EtcdLeaseProvider, before: set[int]) -> None:
+    """Every lease beside ``before`` is free in the provider's pool: alive, carrying no key."""
+    left = set(await provider.client.leases()) - before
+    assert left <= provider._pool.free_lease_ids(), "a lease leaked"
+    for lease in left:
+        assert not (await provider.client.time_to_live(lease, keys=True)).keys
+
+
+async def assert_freed(
+    provider: EtcdLeaseProvider, lease_id: int, *, or_expiring: bool = False
+) -> None:
+    """``lease_id`` is revoked, or back in the provider's pool carrying no key.
+
+    ``or_expiring``: or else carries no key and nothing renews it, so it is gone
+    within its TTL (what a release whose answer was lost leaves: it cannot tell which
+    lease it freed).
+    """
+    status = await provider.client.time_to_live(lease_id, keys=True)
+    if status.TTL == -1:
+        return
+    assert not status.keys, "a lease leaked"
+    pooled = lease_id in provider._pool.free_lease_ids()
+    expiring = or_expiring and not provider._keepalive.is_kept(lease_id)
+    assert pooled or expiring, "a lease leaked"
+
+
 @pytest.fixture
 async def client(etcd: EtcdCluster) -> AsyncIterator[EtcdClient]:
     """A bare etcd client (the wire layer under the provider)."""

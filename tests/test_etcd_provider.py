@@ -10,11 +10,12 @@ import pytest
 
 from etcd_leases import BackendUnavailable, EtcdLeaseProvider, LeaseValueError, ProviderClosed
 from etcd_leases.etcd.client import parse_endpoints
-from etcd_leases.etcd.provider import EtcdKeeper, Grant
+from etcd_leases.etcd.pool import Grant
+from etcd_leases.etcd.provider import EtcdKeeper
 from etcd_leases.etcd.txn import Txn, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import unique_prefix
+from tests.conftest import assert_no_lease_leaked, unique_prefix
 
 
 async def test_value_is_the_owner_under_the_prefix(
@@ -35,7 +36,9 @@ async def test_token_is_the_mod_revision(etcd_provider: EtcdLeaseProvider) -> No
     assert kv is not None and bob.token == kv.mod_revision
 
 
-async def test_one_lease_per_tenure(etcd_provider: EtcdLeaseProvider) -> None:
+async def test_one_tenure_per_lease_and_freed_leases_are_reused(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
     client = etcd_provider.client
     for key in ("a", "b", "c"):
         await etcd_provider.acquire_lease(key, "alice", 5000)
@@ -45,7 +48,15 @@ async def test_one_lease_per_tenure(etcd_provider: EtcdLeaseProvider) -> None:
     assert await etcd_provider.transfer_lease("a", "alice", "bob", 5000)
     new = await client.range(etcd_provider.etcd_key("a"))
     assert new is not None and new.lease != old.lease
-    assert (await client.time_to_live(old.lease)).TTL == -1  # the old tenure's lease is gone
+    # The old tenure's lease carries no key now: it is back in the pool, alive...
+    status = await client.time_to_live(old.lease, keys=True)
+    assert status.TTL > 0 and list(status.keys) == []
+    assert etcd_provider._pool.free_lease_ids() == {old.lease}
+    # ...and the next tenure takes it, granting nothing.
+    await etcd_provider.acquire_lease("d", "alice", 5000)
+    reused = await client.range(etcd_provider.etcd_key("d"))
+    assert reused is not None and reused.lease == old.lease
+    assert etcd_provider._pool.free_lease_ids() == set()
 
 
 async def test_ttl_rounds_up_to_whole_seconds(etcd_provider: EtcdLeaseProvider) -> None:
@@ -86,10 +97,19 @@ async def test_no_lease_leaks_across_operations(etcd: EtcdCluster) -> None:
                 assert not await provider.transfer_lease("contended", winner, "x", 5000)
                 await provider.release_lease("contended", f"next{round_}")
             assert await provider.get_lease_owner("contended") is None
-            assert set(await provider.client.leases()) - before == set()
+            # Every lease left is free in a pool (alive, carrying no key)...
+            left = set(await provider.client.leases()) - before
+            pooled = set().union(*(p._pool.free_lease_ids() for p in [provider, *others]))
+            assert left <= pooled
+            for lease in left:
+                assert list((await provider.client.time_to_live(lease, keys=True)).keys) == []
         finally:
             for other in others:
                 await other.close()
+        # ...and revoked when its provider closes.
+        assert set(await provider.client.leases()) - before == provider._pool.free_lease_ids()
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as checker:
+        assert set(await checker.client.leases()) - before == set()
 
 
 async def test_transfer_never_leaves_the_key_free(etcd_provider: EtcdLeaseProvider) -> None:
@@ -244,7 +264,7 @@ async def test_cancelled_acquires_leave_no_lease_behind(etcd: EtcdCluster) -> No
         await asyncio.sleep(0.3)  # background revokes
         for i in range(8):
             await provider.release_lease(f"k{i}", "alice")
-        assert set(await provider.client.leases()) - before == set()
+        await assert_no_lease_leaked(provider, before)
 
 
 async def test_a_fresh_process_renewing_under_the_server_minimum_keeps_the_token(
@@ -288,11 +308,11 @@ async def test_acquire_grants_again_when_it_stalled_past_its_grant(
     # A process frozen between its grant and its create (GC, SIGSTOP) finds the lease
     # expired: the create is refused with "lease not found", and acquire must grant
     # again rather than fail (seen when a chaos test froze a serverless sender).
-    grant = etcd_provider._grant
+    grant = etcd_provider._pool._grant
     stalled: list[int] = []
 
-    async def grant_then_stall(ttl_ms: int) -> Grant:
-        granted = await grant(ttl_ms)
+    async def grant_then_stall(ttl_s: int) -> Grant:
+        granted = await grant(ttl_s)
         if not stalled:
             stalled.append(granted.lease_id)
             for _ in range(150):  # until etcd has expired the grant (30 s at most)
@@ -301,7 +321,7 @@ async def test_acquire_grants_again_when_it_stalled_past_its_grant(
                 await asyncio.sleep(0.2)
         return granted
 
-    monkeypatch.setattr(etcd_provider, "_grant", grant_then_stall)
+    monkeypatch.setattr(etcd_provider._pool, "_grant", grant_then_stall)
     result = await etcd_provider.acquire_lease("stalled", "alice", 1000)
     assert result.acquired and stalled
     kv = await etcd_provider.client.range(etcd_provider.etcd_key("stalled"))

@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 from etcd_leases import EtcdLeaseProvider
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+from tests.conftest import assert_freed, assert_no_lease_leaked
 
 LoseAnswers = Callable[[int], None]
 
@@ -63,10 +64,6 @@ async def lease_of(provider: EtcdLeaseProvider, key: str) -> int:
     return kv.lease
 
 
-async def assert_revoked(provider: EtcdLeaseProvider, lease_id: int) -> None:
-    assert (await provider.client.time_to_live(lease_id)).TTL == -1, "a lease leaked"
-
-
 async def test_acquire(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers) -> None:
     p = etcd_provider
     before = set(await p.client.leases())
@@ -75,7 +72,7 @@ async def test_acquire(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswe
     kv = await p.client.range(p.etcd_key("k"))
     assert result.acquired and kv is not None and result.token == kv.mod_revision
     assert kv.version == 1  # created once
-    assert set(await p.client.leases()) - before == {kv.lease}  # none leaked
+    await assert_no_lease_leaked(p, before | {kv.lease})
     assert (await p.acquire_lease("k", "bob", 5000)).owner == "alice"
 
 
@@ -86,7 +83,7 @@ async def test_release(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswe
     lose_answers(1)
     await p.release_lease("k", "alice")
     assert await p.get_lease_owner("k") is None
-    await assert_revoked(p, lease)
+    await assert_freed(p, lease, or_expiring=True)
 
 
 async def test_renew_with_another_ttl(
@@ -99,7 +96,7 @@ async def test_renew_with_another_ttl(
     assert await p.renew_lease("k", "alice", 8000)  # moves the tenure to a new lease
     new = await lease_of(p, "k")
     assert new != old and (await p.client.time_to_live(new)).grantedTTL == 8
-    await assert_revoked(p, old)
+    await assert_freed(p, old)
 
 
 async def test_transfer(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers) -> None:
@@ -109,7 +106,7 @@ async def test_transfer(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnsw
     lose_answers(2)
     assert await p.transfer_lease("k", "alice", "bob", 5000)
     assert await p.get_lease_owner("k") == "bob"
-    await assert_revoked(p, old)
+    await assert_freed(p, old)
     assert not await p.transfer_lease("k", "alice", "carol", 5000)
 
 

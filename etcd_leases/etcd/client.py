@@ -139,9 +139,23 @@ def to_lease_error(exc: grpc.aio.AioRpcError) -> LeaseError:
     return BackendError(message)
 
 
-def new_lease_id() -> int:
+# Lease IDs are random 62-bit ints whose top 16 bits mark session leases (shared by
+# many keys), so that any process can tell them from the lease of a single tenure.
+_MARK_SHIFT = 46
+_SESSION_MARK = 0x5E55
+
+
+def new_lease_id(*, session: bool = False) -> int:
     """A random positive int64; lets a grant whose answer was lost be retried safely."""
-    return secrets.randbits(62) + 1
+    mark = _SESSION_MARK
+    while not session and mark == _SESSION_MARK:
+        mark = secrets.randbits(62 - _MARK_SHIFT)
+    return (mark << _MARK_SHIFT) | (secrets.randbits(_MARK_SHIFT - 1) + 1)
+
+
+def is_session_lease(lease_id: int) -> bool:
+    """Whether ``lease_id`` is a session lease (see :mod:`etcd_leases.etcd.session`)."""
+    return lease_id >> _MARK_SHIFT == _SESSION_MARK
 
 
 class EtcdClient:
@@ -472,11 +486,14 @@ class EtcdClient:
             raise
         return True
 
-    async def time_to_live(self, lease_id: int) -> pb.LeaseTimeToLiveResponse:
-        """A lease's remaining and granted TTL (``TTL == -1`` when it does not exist)."""
+    async def time_to_live(
+        self, lease_id: int, *, keys: bool = False
+    ) -> pb.LeaseTimeToLiveResponse:
+        """A lease's remaining and granted TTL (``TTL == -1`` when it does not exist),
+        and with ``keys`` the keys on it."""
         return await self.call(
             "/etcdserverpb.Lease/LeaseTimeToLive",
-            pb.LeaseTimeToLiveRequest(ID=lease_id),
+            pb.LeaseTimeToLiveRequest(ID=lease_id, keys=keys),
             pb.LeaseTimeToLiveResponse,
         )
 

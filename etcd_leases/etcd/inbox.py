@@ -183,9 +183,10 @@ class EtcdInbox:
             # expired): the thread is free either way, its lease gone or expiring.
             return answers_lost and first_kv(response) is None
         kv = first_kv(response)
-        if kv is not None and kv.lease:
-            # The tenure's own lease now holds no key: revoke it rather than leak it.
-            await self._backend._revoke_quietly(kv.lease)
+        if kv is not None:
+            # Its lease now holds no key: back to the pool, if it is one of ours. Never
+            # revoked: a session lease carries the other threads this process runs.
+            self._backend.lease_freed(kv.lease)
         return True
 
     async def watch_threads(self) -> AsyncGenerator[str, None]:

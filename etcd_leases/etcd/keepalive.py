@@ -41,7 +41,7 @@ from collections.abc import Callable
 import grpc
 import grpc.aio
 
-from etcd_leases.errors import LeaseError, LeaseValueError, ProviderClosed
+from etcd_leases.errors import BackendUnavailable, LeaseError, LeaseValueError, ProviderClosed
 from etcd_leases.etcd.client import EtcdClient, is_no_leader, to_lease_error
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
@@ -83,6 +83,10 @@ _COMPACT_SLACK = 1024
 _INVALID_TOKEN = "invalid auth token"
 
 _Entry = tuple[float, int, "KeptLease"]
+# A one-shot renewal's answer: when its request was sent, and the TTL etcd answered.
+Renewal = tuple[float, int]
+# A request written and not answered yet: its send time, and who waits for its answer.
+_Inflight = tuple[float, "asyncio.Future[Renewal] | None"]
 _Stream = grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse]
 
 
@@ -133,7 +137,8 @@ class KeptLease:
         self.valid_until = valid_until
         self.lost = asyncio.Event()
         self.lost_reason: str | None = None
-        self._callbacks: list[Callable[[KeptLease], None]] = []
+        # A dict, so a holder that is done can take its callback back in O(1).
+        self._callbacks: dict[Callable[[KeptLease], None], None] = {}
         # True while its loop renews it: neither released nor lost.
         self._tracked = True
         self._interval = max(ttl_s / 3, _MIN_INTERVAL_S)
@@ -155,7 +160,11 @@ class KeptLease:
         if self.lost.is_set():
             _run_callback(fn, self)
         else:
-            self._callbacks.append(fn)
+            self._callbacks[fn] = None
+
+    def remove_loss_callback(self, fn: Callable[[KeptLease], None]) -> None:
+        """Forget ``fn`` (added by :meth:`add_loss_callback`), if it has not run."""
+        self._callbacks.pop(fn, None)
 
     def _set_lost(self, reason: str) -> None:
         if self.lost.is_set():
@@ -164,7 +173,7 @@ class KeptLease:
         # The reason first: whoever wakes up on ``lost`` reads it.
         self.lost_reason = reason
         self.lost.set()
-        callbacks, self._callbacks = self._callbacks, []
+        callbacks, self._callbacks = self._callbacks, {}
         for fn in callbacks:
             _run_callback(fn, self)
 
@@ -192,10 +201,12 @@ class KeepAliveLoop:
         self._order = itertools.count()
         # How many kept leases have each TTL: the shortest decides the stall limit.
         self._ttls: Counter[int] = Counter()
-        # Send times of the requests not answered yet on the current stream, oldest
-        # first, per lease ID (not per KeptLease: an answer can arrive for a request
-        # sent before the lease was released and kept again).
-        self._inflight: dict[int, deque[float]] = {}
+        # The requests not answered yet on the current stream, oldest first, per lease
+        # ID (not per KeptLease: an answer can arrive for a request sent before the
+        # lease was released and kept again).
+        self._inflight: dict[int, deque[_Inflight]] = {}
+        # One-shot renewals (renew_once) waiting to be written.
+        self._once: deque[tuple[int, asyncio.Future[Renewal]]] = deque()
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
         self._stream: _Stream | None = None
@@ -242,6 +253,10 @@ class KeepAliveLoop:
         """The etcd member that sent the last answer: where the stream is."""
         return self._last_member_id
 
+    def is_kept(self, lease_id: int) -> bool:
+        """Whether ``lease_id`` is being renewed."""
+        return lease_id in self._kept
+
     def keep(self, lease_id: int, ttl_s: int, valid_until: float) -> KeptLease:
         """Start renewing ``lease_id``, granted for ``ttl_s`` seconds.
 
@@ -283,6 +298,29 @@ class KeepAliveLoop:
         self._arm_watchdog(valid_until)
         return kept
 
+    async def renew_once(self, lease_id: int, timeout: float) -> Renewal:
+        """Renew ``lease_id`` once over the shared stream, kept or not: (send time, TTL).
+
+        The TTL is 0 when etcd says the lease is gone. A request left unanswered by a
+        broken stream is sent again on the next one. Raises :class:`BackendUnavailable`
+        when no answer came within ``timeout`` seconds.
+        """
+        if self._closed or self._client.closed:
+            raise ProviderClosed("the provider is closed")
+        answer: asyncio.Future[Renewal] = asyncio.get_running_loop().create_future()
+        self._once.append((lease_id, answer))
+        self._start()
+        self._wake.set()
+        try:
+            async with asyncio.timeout(timeout):
+                return await answer
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"etcd: a keep-alive of lease {lease_id:x} was not answered in {timeout:.1f} s"
+            ) from None
+        finally:
+            answer.cancel()  # a no-op once answered; else the sender skips it
+
     def mark_lost(self, kept: KeptLease, reason: str) -> None:
         """An external loss (say, a watch saw the key change): stop renewing, set lost."""
         self._untrack(kept)
@@ -314,8 +352,8 @@ class KeepAliveLoop:
             self._ttls[kept.ttl_s] -= 1
             if self._ttls[kept.ttl_s] <= 0:
                 del self._ttls[kept.ttl_s]
-            times = self._inflight.get(kept.lease_id)
-            if times is not None and not times:
+            requests = self._inflight.get(kept.lease_id)
+            if requests is not None and not requests:
                 del self._inflight[kept.lease_id]
             self._compact()
         kept._tracked = False
@@ -347,6 +385,10 @@ class KeepAliveLoop:
         self._renewals.clear()
         self._deadlines.clear()
         self._inflight.clear()
+        once, self._once = self._once, deque()
+        for _, answer in once:
+            if not answer.done():
+                answer.set_exception(ProviderClosed("the provider is closed"))
         for lease in kept:
             lease._set_lost(reason)
         self._wake.set()
@@ -492,7 +534,11 @@ class KeepAliveLoop:
             return "the login call was cancelled"
         self._stream = stream
         self._stream_failure = None
-        # Requests of the old stream will never be answered here.
+        # Requests of the old stream will never be answered here: one-shots go again.
+        for lease_id, requests in self._inflight.items():
+            self._once.extendleft(
+                (lease_id, answer) for _, answer in reversed(requests) if answer is not None
+            )
         self._inflight.clear()
         self._outstanding = 0
         self._renew_all_now()
@@ -527,8 +573,16 @@ class KeepAliveLoop:
             self._wake.clear()
             if reader.done() or self._closed:
                 return self._stream_failure or "the keep-alive stream ended"
-            now = time.monotonic()
             written = 0
+            while self._once:
+                lease_id, answer = self._once.popleft()
+                if answer.done():  # its caller gave up
+                    continue
+                request = pb.LeaseKeepAliveRequest(ID=lease_id)
+                if failure := await self._write(stream, lease_id, request, answer):
+                    return failure
+                written += 1
+            now = time.monotonic()
             while self._renewals and self._renewals[0][0] <= now:
                 _, _, kept = heapq.heappop(self._renewals)
                 if not kept._tracked:
@@ -540,26 +594,8 @@ class KeepAliveLoop:
                 # Scheduled from the send, answered or not: an unanswered lease is
                 # retried at the same pace until its deadline.
                 heapq.heappush(self._renewals, (sent_at + kept._interval, next(self._order), kept))
-                times = self._inflight.get(kept.lease_id)
-                if times is None:
-                    times = self._inflight[kept.lease_id] = deque()
-                # Recorded before the write: etcd cannot renew before we send.
-                times.append(sent_at)
-                if self._outstanding == 0:
-                    self._progress_at = sent_at
-                    self._arm_watchdog(sent_at + self._stall_after())
-                self._outstanding += 1
-                self._requests_sent += 1
-                try:
-                    await stream.write(kept._request)
-                except grpc.aio.AioRpcError as exc:
-                    return self._describe(exc)
-                except asyncio.InvalidStateError:  # the call already ended
-                    return self._stream_failure or "the keep-alive stream ended"
-                except asyncio.CancelledError:
-                    if _cancelling():
-                        raise
-                    return self._stream_failure or "the keep-alive stream was cancelled"
+                if failure := await self._write(stream, kept.lease_id, kept._request, None):
+                    return failure
                 written += 1
                 if written % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
@@ -575,6 +611,37 @@ class KeepAliveLoop:
                     await self._wake.wait()
             except TimeoutError:
                 pass
+
+    async def _write(
+        self,
+        stream: _Stream,
+        lease_id: int,
+        request: pb.LeaseKeepAliveRequest,
+        answer: asyncio.Future[Renewal] | None,
+    ) -> str | None:
+        """Write one request; why the stream ended, or ``None`` if it was written."""
+        sent_at = time.monotonic()
+        requests = self._inflight.get(lease_id)
+        if requests is None:
+            requests = self._inflight[lease_id] = deque()
+        # Recorded before the write: etcd cannot renew before we send.
+        requests.append((sent_at, answer))
+        if self._outstanding == 0:
+            self._progress_at = sent_at
+            self._arm_watchdog(sent_at + self._stall_after())
+        self._outstanding += 1
+        self._requests_sent += 1
+        try:
+            await stream.write(request)
+        except grpc.aio.AioRpcError as exc:
+            return self._describe(exc)
+        except asyncio.InvalidStateError:  # the call already ended
+            return self._stream_failure or "the keep-alive stream ended"
+        except asyncio.CancelledError:
+            if _cancelling():
+                raise
+            return self._stream_failure or "the keep-alive stream was cancelled"
+        return None
 
     async def _read(self, stream: _Stream) -> str:
         """The reader: apply answers until the stream ends; why it ended."""
@@ -613,12 +680,14 @@ class KeepAliveLoop:
         # etcd answers one stream's requests in order: this answers the oldest
         # request still unanswered for this lease.
         sent_at: float | None = None
-        times = self._inflight.get(lease_id)
-        if times:
-            sent_at = times.popleft()
+        requests = self._inflight.get(lease_id)
+        if requests:
+            sent_at, answer = requests.popleft()
+            if answer is not None and not answer.done():
+                answer.set_result((sent_at, max(0, response.TTL)))
         kept = self._kept.get(lease_id)
         if kept is None:
-            if times is not None and not times:
+            if requests is not None and not requests:
                 del self._inflight[lease_id]
             return
         if response.TTL <= 0:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -36,8 +37,10 @@ from etcd_leases.errors import (
     LeaseValueError,
     ProviderClosed,
 )
-from etcd_leases.etcd.client import EtcdClient, new_lease_id
+from etcd_leases.etcd.client import EtcdClient, is_session_lease, new_lease_id
 from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
+from etcd_leases.etcd.pool import Grant, LeasePool
+from etcd_leases.etcd.session import Session, Sessions
 from etcd_leases.etcd.txn import (
     Txn,
     create_revision_is,
@@ -57,19 +60,20 @@ _CAS_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
-class Grant:
-    """A lease granted for a tenure to come: its ID and the TTL etcd granted, in s."""
-
-    lease_id: int
-    ttl_s: int
-
-
-@dataclass(frozen=True)
 class Tenure:
     """A tenure as etcd holds it: the fencing token and the TTL granted, in ms."""
 
     token: int
     ttl_ms: int
+
+
+@dataclass(frozen=True)
+class Attached:
+    """What a put under a lease of our own found: the key after it (``kv``), and the
+    tenure it began (``None`` when the put did not land, or its lease died)."""
+
+    kv: pb.KeyValue | None
+    tenure: Tenure | None
 
 
 def ttl_seconds(ttl_ms: int) -> int:
@@ -123,6 +127,12 @@ class EtcdBackend:
         # One keep-alive stream and one watch stream serve every held lease.
         self._keepalive = KeepAliveLoop(self._client)
         self._watches = WatchStream(self._client)
+        # Leases granted ahead, so that taking a key is one transaction; and the
+        # session leases that hold's keys share, so renewals cost O(1) per TTL.
+        self._pool = LeasePool(self._client, self._keepalive, self._grant)
+        self._sessions = Sessions(
+            self._client, self._keepalive, lambda ttl_s: self._grant(ttl_s, session=True)
+        )
         self._background: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -174,6 +184,8 @@ class EtcdBackend:
         """
         if self._background:
             await asyncio.wait(self._background, timeout=self._client.timeout)
+        if not self._client.closed:
+            await asyncio.gather(self._sessions.close(), self._pool.close())
         await self._keepalive.close()
         await self._watches.close()
         await self._client.close()
@@ -188,41 +200,26 @@ class EtcdBackend:
         check_lease_call(key, owner, ttl_ms)
         self._client.check_open()
         etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
-        kv = await self._client.range(etcd_key)
-        grant: Grant | None = None  # made on the first attempt to create the key
-        try:
-            while True:
-                if kv is None:
-                    grant = grant or await self._grant(ttl_ms)
-                    try:
-                        kv = await self._cas(
-                            Txn.when(create_revision_is(etcd_key, 0))
-                            .then(put(etcd_key, value, grant.lease_id), get(etcd_key))
-                            .otherwise(get(etcd_key))
-                        )
-                    except BackendError as exc:
-                        if not self._client.is_lease_not_found(exc):
-                            raise
-                        # This process stalled past the grant's TTL before the create
-                        # reached etcd: nothing was written under it. Grant again.
-                        grant = None
-                        continue
-                    if kv is not None and kv.lease == grant.lease_id:
-                        return AcquireResult(True, owner, kv.mod_revision, grant.ttl_s * 1000)
-                elif kv.value != value:
-                    await self._discard(grant)
-                    return AcquireResult(False, owner_of(kv))
-                else:
-                    await self._discard(grant)
-                    grant = None
-                    refreshed = await self._refresh(etcd_key, value, ttl_ms, kv)
-                    if refreshed is not None:
-                        return AcquireResult(True, owner, refreshed.token, refreshed.ttl_ms)
-                    kv = await self._client.range(etcd_key)
-        except BaseException:
-            if grant is not None:  # interrupted: the create may or may not have landed
-                self._in_background(self._revoke_quietly(grant.lease_id))
-            raise
+        started = time.monotonic()
+        while True:
+            grant = await self._pool.take(self._ttl_s(ttl_ms))
+            created = await self._attach(
+                Txn.when(create_revision_is(etcd_key, 0))
+                .then(put(etcd_key, value, grant.lease_id), get(etcd_key))
+                .otherwise(get(etcd_key)),
+                grant,
+                started,
+            )
+            if created.tenure is not None:
+                return AcquireResult(True, owner, created.tenure.token, created.tenure.ttl_ms)
+            kv = created.kv
+            if kv is None or kv.lease == grant.lease_id:
+                continue  # our lease died under the key (cleared up): again
+            if kv.value != value:
+                return AcquireResult(False, owner_of(kv))
+            refreshed = await self._refresh(etcd_key, value, ttl_ms, kv, started)
+            if refreshed is not None:
+                return AcquireResult(True, owner, refreshed.token, refreshed.ttl_ms)
 
     async def get_lease_owner(self, key: str) -> str | None:
         check_key(key)
@@ -233,35 +230,30 @@ class EtcdBackend:
     async def release_lease(self, key: str, owner: str) -> None:
         check_lease_call(key, owner)
         self._client.check_open()
-        etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
-        kv = await self._client.range(etcd_key)
-        while kv is not None and kv.value == value:
-            # Delete only the tenure read: revoking the lease read would miss the key
-            # if a renewal with another TTL (or a self-transfer) just moved it.
-            now = await self._cas(
-                Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
-                .then(delete(etcd_key))
-                .otherwise(get(etcd_key))
-            )
-            if kv.lease and (now is None or now.lease != kv.lease):
-                await self._revoke_quietly(kv.lease)  # that tenure's (invariant 1), now over
-            if now is None or now.create_revision != kv.create_revision:
-                return  # deleted, by us or since: this key's tenures are over
-            kv = now  # moved to another lease of the same key: release that
+        etcd_key = self.etcd_key(key)
+        # Copies of it land at most once: after a delete the key has no value to match.
+        response, _ = await self._send_copies(
+            Txn.when(value_is(etcd_key, owner.encode("utf-8"))).then(delete(etcd_key, prev_kv=True))
+        )
+        if response.succeeded:
+            for previous in response.responses[0].response_delete_range.prev_kvs:
+                self.lease_freed(previous.lease)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         check_lease_call(key, owner, ttl_ms)
         self._client.check_open()
         etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
+        started = time.monotonic()
         kv = await self._client.range(etcd_key)
         if kv is None or kv.value != value:
             return False
-        return await self._refresh(etcd_key, value, ttl_ms, kv) is not None
+        return await self._refresh(etcd_key, value, ttl_ms, kv, started) is not None
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         check_transfer_call(key, from_owner, to_owner, ttl_ms)
         self._client.check_open()
         etcd_key = self.etcd_key(key)
+        started = time.monotonic()
         kv = await self._client.range(etcd_key)
         if kv is None or kv.value != from_owner.encode("utf-8"):
             return False
@@ -269,10 +261,9 @@ class EtcdBackend:
         # under mass expiry): meanwhile the key still reads as held. A keep-alive
         # answers 0 for an expired lease (after waiting for its revoke) and else
         # makes it last a full TTL more, so it cannot expire before the move.
-        if kv.lease and await self._client.keep_alive_once(kv.lease) <= 0:
+        if kv.lease and not await self._renew(kv.lease):
             return False
-        grant = await self._grant(ttl_ms)
-        return await self._move(etcd_key, kv, to_owner.encode("utf-8"), grant) is not None
+        return await self._move(etcd_key, kv, to_owner.encode("utf-8"), ttl_ms, started) is not None
 
     # The recipes' capabilities (see HoldingProvider).
 
@@ -304,6 +295,71 @@ class EtcdBackend:
         finally:
             watcher.cancel()
 
+    async def acquire_kept(
+        self, key: str, owner: str, ttl_ms: int
+    ) -> tuple[AcquireResult, EtcdKeeper | None]:
+        """Acquire ``key`` on this process's session lease for the TTL, kept from then on.
+
+        For ``hold``: renewal costs the same for one held key and for 10,000 (see
+        :mod:`etcd_leases.etcd.session`). The keeper is ``None`` when not acquired.
+        """
+        check_lease_call(key, owner, ttl_ms)
+        self._client.check_open()
+        etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
+        kv: pb.KeyValue | None = None
+        while True:
+            session = await self._sessions.get(self._ttl_s(ttl_ms))
+            if kv is None:  # free when last read: create it
+                compare = create_revision_is(etcd_key, 0)
+            elif kv.value != value:
+                return AcquireResult(False, owner_of(kv)), None
+            elif kv.lease == session.lease_id:  # ours already: the same tenure
+                return self._session_tenure(owner, etcd_key, kv, session)
+            else:  # this owner's on another lease: move it onto the session
+                compare = mod_revision_is(etcd_key, kv.mod_revision)
+            txn = (
+                Txn.when(compare)
+                .then(put(etcd_key, value, session.lease_id), get(etcd_key))
+                .otherwise(get(etcd_key))
+            )
+            try:
+                now = await self._cas(txn)
+            except BackendError as exc:
+                if not self._client.is_lease_not_found(exc):
+                    raise
+                self._sessions.lose(session, "etcd no longer has the session lease")
+                continue
+            except BaseException:
+                # The put may have landed, and nobody would hold the key: undo it.
+                self._in_background(self._settle_session_put(txn, etcd_key, session))
+                raise
+            if now is not None and now.lease == session.lease_id:
+                if kv is not None:
+                    self.lease_freed(kv.lease)
+                return self._session_tenure(owner, etcd_key, now, session)
+            kv = now
+
+    def _session_tenure(
+        self, owner: str, etcd_key: bytes, kv: pb.KeyValue, session: Session
+    ) -> tuple[AcquireResult, EtcdKeeper]:
+        keeper = EtcdKeeper(self, etcd_key, session.kept, kv.mod_revision + 1, shared=True)
+        return AcquireResult(True, owner, kv.mod_revision, session.ttl_s * 1000), keeper
+
+    async def _settle_session_put(self, txn: Txn, etcd_key: bytes, session: Session) -> None:
+        """Delete the key an interrupted session put left behind, if it did."""
+        while not session.kept.lost.is_set():
+            try:
+                kv = await self._cas(txn)
+                if kv is not None and kv.lease == session.lease_id:
+                    await self._cas(
+                        Txn.when(mod_revision_is(etcd_key, kv.mod_revision)).then(delete(etcd_key))
+                    )
+                return
+            except BackendUnavailable:
+                await asyncio.sleep(1.0)  # the session lives on: so would the key
+            except LeaseError:
+                return
+
     async def keep_lease(
         self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
     ) -> EtcdKeeper:
@@ -313,8 +369,9 @@ class EtcdBackend:
         kv, revision = await self._client.range_at(etcd_key)
         if kv is None or state_of(kv) != OwnerState(owner, token) or not kv.lease:
             raise LeaseLost(f"{owner!r} no longer holds {key!r} with token {token}")
+        shared = self._sessions.is_session(kv.lease)
         kept = self._keepalive.keep(kv.lease, ttl_seconds(ttl_ms), valid_until)
-        return EtcdKeeper(self, etcd_key, kept, revision + 1)
+        return EtcdKeeper(self, etcd_key, kept, revision + 1, shared=shared)
 
     async def put_fenced(
         self, key: str, owner: str, token: int, data_key: str, value: bytes
@@ -400,27 +457,104 @@ class EtcdBackend:
 
     # How each step becomes etcd calls.
 
-    async def _grant(self, ttl_ms: int) -> Grant:
-        wanted = max(ttl_seconds(ttl_ms), self._min_ttl_s)
-        lease_id = new_lease_id()
+    def _ttl_s(self, ttl_ms: int) -> int:
+        """The TTL to ask etcd for: whole seconds, rounded up, at least its minimum."""
+        return max(ttl_seconds(ttl_ms), self._min_ttl_s)
+
+    async def _grant(self, ttl_s: int, *, session: bool = False) -> Grant:
+        lease_id = new_lease_id(session=session)
+        sent_at = time.monotonic()
         try:
-            granted = await self._client.grant(wanted, lease_id)
+            granted = await self._client.grant(ttl_s, lease_id)
         except BaseException:
             # The grant may have landed: revoke it (invariant 4), whatever happens here.
             self._in_background(self._revoke_quietly(lease_id))
             raise
-        if granted > wanted:
-            self._min_ttl_s = granted
-        return Grant(lease_id, granted)
-
-    async def _discard(self, grant: Grant | None) -> None:
-        if grant is not None:
-            await self._revoke_quietly(grant.lease_id)
+        if granted > ttl_s:
+            self._min_ttl_s = max(self._min_ttl_s, granted)
+        return Grant(lease_id, granted, sent_at + granted)
 
     async def _revoke_quietly(self, lease_id: int) -> None:
         """Best-effort cleanup: an unreachable cluster lets the lease expire instead."""
         with contextlib.suppress(BackendUnavailable, ProviderClosed):
             await self._client.revoke(lease_id)
+
+    def lease_freed(self, lease_id: int) -> None:
+        """This process deleted the key on ``lease_id`` or moved it to another lease.
+
+        A lease of our pool goes back to it. A session lease (ours or another
+        process's) carries other keys: left alone. Any other lease carried that one
+        tenure, which has just ended: revoked (invariant 4), off the caller's path.
+        Its process reuses it only after ending that tenure itself, which our change
+        of the key has made impossible.
+        """
+        if not lease_id or is_session_lease(lease_id):
+            return
+        if self._pool.owns(lease_id):
+            self._pool.give_back(lease_id)
+        else:
+            self._in_background(self._revoke_quietly(lease_id))
+
+    async def _renew(self, lease_id: int) -> bool:
+        """Renew ``lease_id`` once over the shared stream; whether it is still alive."""
+        sent_at, ttl_s = await self._keepalive.renew_once(lease_id, self._client.timeout)
+        if ttl_s > 0:
+            self._pool.renewed(lease_id, sent_at + ttl_s)
+        return ttl_s > 0
+
+    async def _attach(
+        self, txn: Txn, grant: Grant, started: float, *, replaces: int | None = None
+    ) -> Attached:
+        """Run ``txn``, which puts a key under ``grant``'s lease if its compares hold.
+
+        A pooled lease may have less than its TTL left: it is renewed alongside the
+        transaction (a keep-alive, not a write), so the TTL promised from ``started``
+        never outlasts etcd's. A lease of ours that did not end up on the key goes
+        back to the pool; one that died under the key is cleared up (its tenure never
+        began). ``replaces`` is the lease of the tenure a move replaces (``None`` for
+        a create): an interrupted create is undone, an interrupted move is settled in
+        the background and keeps whichever tenure it left, so the key is never free.
+        """
+        renewal = None
+        if grant.valid_until < started + grant.ttl_s:
+            renewal = asyncio.ensure_future(self._renew(grant.lease_id))
+        try:
+            kv = await self._cas(txn)
+            alive = renewal is None or await renewal
+        except BaseException as exc:
+            if renewal is not None:
+                renewal.cancel()
+            if isinstance(exc, BackendError) and self._client.is_lease_not_found(exc):
+                self._pool.forget(grant.lease_id)
+                return Attached(None, None)  # it expired before the put: nothing landed
+            if replaces is not None:
+                self._in_background(self._settle_move(txn, grant, replaces))
+                raise
+            # The put may have landed under it: revoking the lease, which carries at
+            # most this attempt, ends that tenure before anyone relies on it.
+            self._pool.forget(grant.lease_id)
+            self._in_background(self._revoke_quietly(grant.lease_id))
+            raise
+        if kv is None or kv.lease != grant.lease_id:
+            self._pool.give_back(grant.lease_id)
+            return Attached(kv, None)
+        if not alive:
+            self._pool.forget(grant.lease_id)
+            await self._cas(Txn.when(mod_revision_is(kv.key, kv.mod_revision)).then(delete(kv.key)))
+            return Attached(kv, None)
+        return Attached(kv, Tenure(kv.mod_revision, grant.ttl_s * 1000))
+
+    async def _settle_move(self, txn: Txn, grant: Grant, replaced: int) -> None:
+        """Learn whether an interrupted move landed (a copy lands at most once)."""
+        try:
+            kv = await self._cas(txn)
+        except LeaseError:
+            self._pool.forget(grant.lease_id)  # unknown: left to expire
+            return
+        if kv is not None and kv.lease == grant.lease_id:
+            self.lease_freed(replaced)
+        else:
+            self._pool.give_back(grant.lease_id)
 
     async def _cas(self, txn: Txn) -> pb.KeyValue | None:
         """Run a compare-and-swap whose branches read the key; the key as it stands after.
@@ -435,61 +569,45 @@ class EtcdBackend:
         return first_kv(response)
 
     async def _refresh(
-        self, etcd_key: bytes, value: bytes, ttl_ms: int, kv: pb.KeyValue
+        self, etcd_key: bytes, value: bytes, ttl_ms: int, kv: pb.KeyValue, started: float
     ) -> Tenure | None:
-        """Reset the TTL of the tenure ``kv`` shows; ``None`` if that tenure is over."""
+        """Reset the TTL of the tenure ``kv`` shows; ``None`` if that tenure is over.
+
+        With the same TTL the tenure and its token stay: a keep-alive, no write. The
+        key may change between the read and the keep-alive; the renewal then takes
+        effect as of the read, before that change (and lasts longer than promised).
+        """
         if not kv.lease:  # written by hand without a lease: give it one
-            return await self._move(etcd_key, kv, value, await self._grant(ttl_ms))
-        # A keep-alive resets the lease to its granted TTL and answers with it.
-        granted = await self._client.keep_alive_once(kv.lease)
+            return await self._move(etcd_key, kv, value, ttl_ms, started)
+        sent_at, granted = await self._keepalive.renew_once(kv.lease, self._client.timeout)
         if granted <= 0:  # the lease is gone: so is the tenure
             return None
-        if granted != max(ttl_seconds(ttl_ms), self._min_ttl_s):
+        self._pool.renewed(kv.lease, sent_at + granted)
+        if granted != self._ttl_s(ttl_ms):
             # Another TTL needs another lease, unless etcd rounds both alike (its
             # minimum TTL, which this process may not have learnt yet).
-            grant = await self._grant(ttl_ms)
+            grant = await self._pool.take(self._ttl_s(ttl_ms))
+            self._pool.give_back(grant.lease_id)
             if grant.ttl_s != granted:
-                return await self._move(etcd_key, kv, value, grant)
-            await self._discard(grant)
-        # Same TTL: the tenure and its token stay, if the key is still on its lease.
-        now = await self._client.range(etcd_key)
-        if now is None or now.lease != kv.lease or now.value != value:
-            return None
-        return Tenure(now.mod_revision, granted * 1000)
+                return await self._move(etcd_key, kv, value, ttl_ms, started)
+        return Tenure(kv.mod_revision, granted * 1000)
 
     async def _move(
-        self, etcd_key: bytes, kv: pb.KeyValue, value: bytes, grant: Grant
+        self, etcd_key: bytes, kv: pb.KeyValue, value: bytes, ttl_ms: int, started: float
     ) -> Tenure | None:
-        """Put ``value`` on the key under ``grant`` if ``kv`` still holds it, atomically."""
-        txn = (
+        """Put ``value`` on the key under a lease of its own if ``kv`` still holds it."""
+        grant = await self._pool.take(self._ttl_s(ttl_ms))
+        moved = await self._attach(
             Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
             .then(put(etcd_key, value, grant.lease_id), get(etcd_key))
-            .otherwise(get(etcd_key))
+            .otherwise(get(etcd_key)),
+            grant,
+            started,
+            replaces=kv.lease,
         )
-        try:
-            now = await self._cas(txn)
-        except BaseException:
-            # Interrupted: the move may have landed, and then the new lease is someone's
-            # tenure. Settle it in the background, by sending the same transaction.
-            self._in_background(self._settle_move(txn, grant.lease_id, kv.lease))
-            raise
-        if not await self._conclude_move(now, grant.lease_id, kv.lease):
-            return None
-        assert now is not None  # the move landed: our lease is on the key
-        return Tenure(now.mod_revision, grant.ttl_s * 1000)
-
-    async def _conclude_move(self, now: pb.KeyValue | None, lease_id: int, old_lease: int) -> bool:
-        """Revoke whichever lease lost: the old tenure's if the move landed, else ours."""
-        if now is None or now.lease != lease_id:
-            await self._revoke_quietly(lease_id)
-            return False
-        if old_lease:
-            await self._revoke_quietly(old_lease)
-        return True
-
-    async def _settle_move(self, txn: Txn, lease_id: int, old_lease: int) -> None:
-        with contextlib.suppress(LeaseError):
-            await self._conclude_move(await self._cas(txn), lease_id, old_lease)
+        if moved.kv is not None and moved.kv.lease == grant.lease_id:
+            self.lease_freed(kv.lease)  # the old tenure's, now without its key
+        return moved.tenure
 
     def _in_background(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -501,15 +619,26 @@ class EtcdKeeper:
     """A tenure kept alive on the provider's keep-alive stream, its key watched.
 
     Any event on the key ends the tenure: renewals do not write, so an event is a
-    transfer, a release, an expiry or a delete by anyone.
+    transfer, a release, an expiry or a delete by anyone. So does the loss of its
+    lease, which may be ``shared`` with other keys (a session lease): then ending
+    this tenure leaves the lease to them.
     """
 
     def __init__(
-        self, backend: EtcdBackend, etcd_key: bytes, kept: KeptLease, watch_from: int
+        self,
+        backend: EtcdBackend,
+        etcd_key: bytes,
+        kept: KeptLease,
+        watch_from: int,
+        *,
+        shared: bool,
     ) -> None:
         self._backend = backend
         self._etcd_key = etcd_key
         self._kept = kept
+        self._shared = shared
+        self.lost = asyncio.Event()
+        self.lost_reason: str | None = None
         self._recheck: asyncio.Task[None] | None = None  # referenced, so not collected
         self._watcher: Watcher = backend._watches.watch(
             etcd_key,
@@ -518,22 +647,24 @@ class EtcdKeeper:
             # Without its watch a tenure cannot be vouched for within milliseconds.
             on_error=lambda exc: self.lose(f"the key's watch failed: {exc}"),
         )
-        kept.add_loss_callback(lambda _: self._watcher.cancel())
-
-    @property
-    def lost(self) -> asyncio.Event:
-        return self._kept.lost
-
-    @property
-    def lost_reason(self) -> str | None:
-        return self._kept.lost_reason
+        kept.add_loss_callback(self._on_lease_lost)
 
     def remaining(self) -> float:
-        return self._kept.remaining()
+        return 0.0 if self.lost.is_set() else self._kept.remaining()
 
     def lose(self, reason: str) -> None:
-        self._backend._keepalive.mark_lost(self._kept, reason)
+        if self.lost.is_set():
+            return
+        # The reason first: whoever wakes up on ``lost`` reads it.
+        self.lost_reason = reason
+        self.lost.set()
         self._watcher.cancel()
+        self._kept.remove_loss_callback(self._on_lease_lost)
+        if not self._shared:
+            self._backend._keepalive.release(self._kept)
+
+    def _on_lease_lost(self, kept: KeptLease) -> None:
+        self.lose(kept.lost_reason or "its lease was lost")
 
     def _on_events(self, events: list[pb.Event]) -> None:
         if not events:  # history compacted away: re-read to know

@@ -46,8 +46,9 @@ def put(key: bytes, value: bytes, lease: int = 0) -> pb.RequestOp:
     return pb.RequestOp(request_put=pb.PutRequest(key=key, value=value, lease=lease))
 
 
-def delete(key: bytes) -> pb.RequestOp:
-    return pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key))
+def delete(key: bytes, *, prev_kv: bool = False) -> pb.RequestOp:
+    """Delete ``key``; with ``prev_kv``, the answer carries the key as it was."""
+    return pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key, prev_kv=prev_kv))
 
 
 def get(key: bytes) -> pb.RequestOp:

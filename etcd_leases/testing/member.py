@@ -215,18 +215,21 @@ class EtcdMember:
         """
         _wait_ready([self], self.start_timeout if timeout is None else timeout)
 
-    def _http(
-        self, path: str, timeout: float, data: bytes | None = None
-    ) -> dict[str, object] | None:
-        """A JSON request to this member's client URL; None if there is no JSON answer."""
+    def _http_opener(self) -> urllib.request.OpenerDirector:
         if self._opener is None:
             handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
             if self.tls is not None:
                 handlers.append(urllib.request.HTTPSHandler(context=self.tls.client_ssl_context()))
             self._opener = urllib.request.build_opener(*handlers)
+        return self._opener
+
+    def _http(
+        self, path: str, timeout: float, data: bytes | None = None
+    ) -> dict[str, object] | None:
+        """A JSON request to this member's client URL; None if there is no JSON answer."""
         request = urllib.request.Request(f"{self.client_url}{path}", data=data)
         try:
-            with self._opener.open(request, timeout=timeout) as response:
+            with self._http_opener().open(request, timeout=timeout) as response:
                 body = response.read()
         except urllib.error.HTTPError as exc:  # etcd 3.5 answers 503 when unhealthy
             try:
@@ -242,6 +245,19 @@ class EtcdMember:
         except ValueError:
             return None
         return answer if isinstance(answer, dict) else None
+
+    def proposals_committed(self, timeout: float = 2.0) -> int:
+        """etcd's ``etcd_server_proposals_committed_total``: the raft writes so far.
+
+        Each grant, revoke, put, delete or txn is one; keep-alives and reads are none.
+        """
+        # Not through _http: etcd's /health is itself a raft write (a quorum read).
+        with self._http_opener().open(f"{self.client_url}/metrics", timeout=timeout) as response:
+            text = response.read().decode()
+        for line in text.splitlines():
+            if line.startswith("etcd_server_proposals_committed_total "):
+                return int(float(line.split()[1]))
+        raise RuntimeError(f"{self}: no etcd_server_proposals_committed_total in /metrics")
 
     def is_healthy(self, timeout: float = 1.0) -> bool:
         """Whether ``GET /health`` answers ``"health": "true"`` within ``timeout`` seconds.

@@ -1,0 +1,211 @@
+"""Leases granted ahead of need, so that taking a key is one transaction.
+
+A grant is a raft write of its own. :class:`LeasePool` keeps a few leases per TTL
+granted and alive (on the provider's keep-alive stream) while no key uses them, and
+hands one to each attempt to put a key under a lease of its own:
+
+- **One tenure per lease.** A lease is with at most one attempt or tenure at a time.
+  It comes back free only when this process saw that no key is on it any more: an
+  attempt that lost (:meth:`put_back`), or a key this process deleted or moved away
+  whose previous value named the lease (:meth:`give_back`). Nothing else revokes or
+  reuses a pooled lease, so no decision made from an old read can touch a later tenure.
+- **Never a promise longer than etcd's.** A free lease is alive until its last
+  answered renewal plus its TTL, which may be less than a full TTL from now; whoever
+  takes one renews it once more before promising its TTL to a holder.
+- **No leak.** Leases handed out belong to their tenures (they expire with them when
+  nobody renews them); free leases are revoked when the pool is closed, and the free
+  list is trimmed back to what recent use needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from etcd_leases.errors import BackendUnavailable, LeaseError, ProviderClosed
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
+
+# A free lease with less than this share of its TTL known left is not handed out:
+# its renewal is overdue, something is wrong with it or with the stream.
+_FRESH_SHARE = 0.5
+# Every this many seconds, free leases beyond the most taken at once since are revoked.
+_TRIM_EVERY_S = 30.0
+# Free leases kept per TTL whatever the recent use.
+_KEEP_FREE = 2
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A lease for a tenure to come: its ID, the TTL etcd granted (s), and until when
+    it is known to be alive (``time.monotonic()``: the send time of its grant or last
+    answered renewal plus that TTL)."""
+
+    lease_id: int
+    ttl_s: int
+    valid_until: float
+
+
+@dataclass
+class _Free:
+    """The free leases of one TTL, and the most of them taken at once lately."""
+
+    leases: deque[KeptLease]
+    taken: int = 0
+    peak: int = 0
+
+
+class LeasePool:
+    """Free leases per TTL, kept alive on ``keepalive``; ``grant`` makes new ones."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        keepalive: KeepAliveLoop,
+        grant: Callable[[int], Awaitable[Grant]],
+    ) -> None:
+        self._client = client
+        self._keepalive = keepalive
+        self._grant = grant
+        self._free: dict[int, _Free] = {}
+        # Leases of this pool now with an attempt or a tenure, as last known.
+        self._out: dict[int, Grant] = {}
+        self._trimmed_at = time.monotonic()
+        self._refilling: set[int] = set()
+        self._closed = False  # the TTLs a grant is under way for
+        self._background: set[asyncio.Task[None]] = set()
+
+    def free_lease_ids(self) -> set[int]:
+        """The leases free in the pool now (granted, kept alive, carrying no key)."""
+        return {kept.lease_id for free in self._free.values() for kept in free.leases}
+
+    def owns(self, lease_id: int) -> bool:
+        """Whether ``lease_id`` came from this pool and is out with an attempt or tenure."""
+        return lease_id in self._out
+
+    async def take(self, ttl_s: int) -> Grant:
+        """A lease of ``ttl_s`` seconds (as etcd grants it) for one attempt."""
+        free = self._free.setdefault(ttl_s, _Free(deque()))
+        free.taken += 1
+        free.peak = max(free.peak, free.taken)
+        try:
+            while free.leases:
+                kept = free.leases.pop()  # the most recently used
+                kept.remove_loss_callback(self._drop)
+                self._keepalive.release(kept)
+                if kept.remaining() > _FRESH_SHARE * kept.ttl_s:
+                    grant = Grant(kept.lease_id, kept.ttl_s, kept.valid_until)
+                    if not free.leases:  # the next taker should not wait for a grant
+                        self._refill(ttl_s)
+                    break
+                self._in_background(self._revoke(kept.lease_id))
+            else:
+                grant = await self._grant(ttl_s)
+        except BaseException:
+            free.taken -= 1
+            raise
+        self._out[grant.lease_id] = grant
+        return grant
+
+    def renewed(self, lease_id: int, valid_until: float) -> None:
+        """A renewal of ``lease_id`` was answered: it is alive until ``valid_until``."""
+        grant = self._out.get(lease_id)
+        if grant is not None and valid_until > grant.valid_until:
+            self._out[lease_id] = Grant(lease_id, grant.ttl_s, valid_until)
+
+    def give_back(self, lease_id: int) -> None:
+        """No key is on ``lease_id`` any more (its attempt lost, or this process deleted
+        or moved away its key): free again, if it is this pool's.
+
+        A lease some keeper of this process still renews (its holder has not noticed
+        yet) is left to it, and expires with it.
+        """
+        grant = self._out.pop(lease_id, None)
+        if grant is None:  # not ours
+            return
+        # Filed by the TTL etcd granted, which is what later takers ask for.
+        free = self._free.setdefault(grant.ttl_s, _Free(deque()))
+        free.taken = max(0, free.taken - 1)
+        if self._closed or self._keepalive.is_kept(lease_id) or self._keepalive.closed:
+            return
+        kept = self._keepalive.keep(lease_id, grant.ttl_s, grant.valid_until)
+        if kept.lost.is_set():  # not renewed in time: it may be gone already
+            return
+        free.leases.append(kept)
+        kept.add_loss_callback(self._drop)
+        self._trim()
+
+    def forget(self, lease_id: int) -> None:
+        """``lease_id`` is gone (etcd said so), or it is revoked: not ours any more."""
+        grant = self._out.pop(lease_id, None)
+        if grant is not None and grant.ttl_s in self._free:
+            free = self._free[grant.ttl_s]
+            free.taken = max(0, free.taken - 1)
+
+    async def close(self) -> None:
+        """Revoke the free leases (best effort); the pool hands out nothing more."""
+        self._closed = True
+        leases = [kept for free in self._free.values() for kept in free.leases]
+        self._free.clear()
+        for kept in leases:
+            self._keepalive.release(kept)
+        await asyncio.gather(*(self._revoke(kept.lease_id) for kept in leases))
+        if self._background:
+            await asyncio.wait(self._background, timeout=self._client.timeout)
+
+    def _refill(self, ttl_s: int) -> None:
+        """Grant one more free lease of ``ttl_s`` in the background."""
+        if ttl_s not in self._refilling:
+            self._refilling.add(ttl_s)
+            self._in_background(self._grant_ahead(ttl_s))
+
+    async def _grant_ahead(self, ttl_s: int) -> None:
+        try:
+            grant = await self._grant(ttl_s)
+        except LeaseError:
+            return  # the next taker grants on its own
+        finally:
+            self._refilling.discard(ttl_s)
+        if self._closed or self._keepalive.closed:
+            await self._revoke(grant.lease_id)
+            return
+        free = self._free.setdefault(grant.ttl_s, _Free(deque()))
+        kept = self._keepalive.keep(grant.lease_id, grant.ttl_s, grant.valid_until)
+        free.leases.appendleft(kept)
+        kept.add_loss_callback(self._drop)
+
+    def _drop(self, kept: KeptLease) -> None:
+        """A free lease etcd no longer renews: out of the free list."""
+        free = self._free.get(kept.ttl_s)
+        if free is not None:
+            with contextlib.suppress(ValueError):
+                free.leases.remove(kept)
+
+    def _trim(self) -> None:
+        """Every so often, revoke the free leases recent use did not need."""
+        now = time.monotonic()
+        if now - self._trimmed_at < _TRIM_EVERY_S:
+            return
+        self._trimmed_at = now
+        for free in self._free.values():
+            keep = max(_KEEP_FREE, free.peak - free.taken)
+            free.peak = free.taken
+            while len(free.leases) > keep:
+                kept = free.leases.popleft()  # the least recently used
+                kept.remove_loss_callback(self._drop)
+                self._keepalive.release(kept)
+                self._in_background(self._revoke(kept.lease_id))
+
+    async def _revoke(self, lease_id: int) -> None:
+        with contextlib.suppress(BackendUnavailable, ProviderClosed):
+            await self._client.revoke(lease_id)
+
+    def _in_background(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,110 @@
+"""Session leases: the keys a process holds with ``hold`` share one lease per TTL.
+
+Every lease costs a keep-alive message each way per renewal, and in Python that cost
+is the work per message: a process holding 10,000 keys on 10,000 leases spends a good
+part of a core renewing them, and falls behind on a loaded host. Like etcd's
+``concurrency.Session``, :class:`Sessions` puts every held key of one TTL on one lease,
+renewed by the provider's keep-alive loop: holding 10,000 keys costs what one does.
+
+What this means for a held key (see the README's "Guarantees"):
+
+- Its tenure ends when the key changes (its watch: released, transferred, deleted
+  by anyone) or when the session lease is lost, which ends every key on it at once,
+  as all leases of a process that stops answering would end anyway.
+- Its holder's deadline is the session's: the send time of the session's last
+  answered renewal plus its TTL, never later than etcd's.
+- A release deletes the key and leaves the lease to the others. Nothing revokes a
+  session lease but its provider: when it is lost (so its keys are lost already),
+  and when the provider closes.
+
+Only ``hold`` (and so ``Election`` and agent threads) use sessions: a key taken with
+``acquire_lease`` keeps a lease of its own, since the contract gives each key its TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from etcd_leases.errors import BackendUnavailable, ProviderClosed
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
+from etcd_leases.etcd.pool import Grant
+
+
+@dataclass(frozen=True)
+class Session:
+    """One session lease: its ID, the TTL etcd granted (s), and its renewal state."""
+
+    lease_id: int
+    ttl_s: int
+    kept: KeptLease
+
+
+class Sessions:
+    """One session lease per TTL, granted on first use, renewed until lost or closed."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        keepalive: KeepAliveLoop,
+        grant: Callable[[int], Awaitable[Grant]],
+    ) -> None:
+        self._client = client
+        self._keepalive = keepalive
+        self._grant = grant
+        self._sessions: dict[int, Session] = {}
+        self._ids: set[int] = set()  # every session lease not revoked yet
+        self._granting: dict[int, asyncio.Lock] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    def is_session(self, lease_id: int) -> bool:
+        """Whether ``lease_id`` is a session lease of this provider."""
+        return lease_id in self._ids
+
+    async def get(self, ttl_s: int) -> Session:
+        """The live session for ``ttl_s`` seconds (as asked of etcd), granted if none is."""
+        async with self._granting.setdefault(ttl_s, asyncio.Lock()):
+            session = self._sessions.get(ttl_s)
+            if session is not None and session.kept.remaining() > 0:
+                return session
+            grant = await self._grant(ttl_s)
+            self._ids.add(grant.lease_id)
+            kept = self._keepalive.keep(grant.lease_id, grant.ttl_s, grant.valid_until)
+            session = Session(grant.lease_id, grant.ttl_s, kept)
+            kept.add_loss_callback(lambda _: self._ended(ttl_s, session))
+            self._sessions[ttl_s] = session
+            return session
+
+    def lose(self, session: Session, reason: str) -> None:
+        """etcd no longer has ``session``'s lease (say, it refused a put under it)."""
+        self._keepalive.mark_lost(session.kept, reason)
+
+    async def close(self) -> None:
+        """Revoke every session lease (best effort): their keys are deleted with them."""
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            self._keepalive.release(session.kept)
+        await asyncio.gather(*(self._revoke(session.lease_id) for session in sessions))
+        if self._background:
+            await asyncio.wait(self._background, timeout=self._client.timeout)
+
+    def _ended(self, ttl_s: int, session: Session) -> None:
+        """A session lost: its keys are lost with it; revoke what etcd may still keep."""
+        if self._sessions.get(ttl_s) is session:
+            del self._sessions[ttl_s]
+        if not self._keepalive.closed:
+            self._in_background(self._revoke(session.lease_id))
+
+    async def _revoke(self, lease_id: int) -> None:
+        with contextlib.suppress(BackendUnavailable, ProviderClosed):
+            await self._client.revoke(lease_id)
+        self._ids.discard(lease_id)
+
+    def _in_background(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,105 @@
+"""Keys held with ``hold`` share one session lease per TTL (issue 9): what that keeps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from etcd_leases import EtcdLeaseProvider, HeldLease
+from etcd_leases.etcd.client import is_session_lease
+from etcd_leases.testing import EtcdCluster
+from tests.conftest import unique_prefix
+
+
+async def leases_of(provider: EtcdLeaseProvider, prefix: str) -> set[int]:
+    return {kv.lease for kv in await provider.client.range_prefix(provider.etcd_key(prefix))}
+
+
+async def test_held_keys_share_one_lease_per_ttl(etcd_provider: EtcdLeaseProvider) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        short = [
+            await stack.enter_async_context(etcd_provider.hold(f"s{i}", "me", 3000))
+            for i in range(20)
+        ]
+        long = [
+            await stack.enter_async_context(etcd_provider.hold(f"l{i}", "me", 9000))
+            for i in range(5)
+        ]
+        (session,) = await leases_of(etcd_provider, "s")
+        assert is_session_lease(session) and await leases_of(etcd_provider, "l") != {session}
+        assert len({lease.token for lease in short + long}) == 25  # a token per tenure
+        assert all(lease.ttl_ms == 3000 for lease in short)
+        assert 0 < short[0].remaining() <= 3.0
+    # Every hold ended: keys deleted one by one; the session lease stays for the next.
+    assert await etcd_provider.client.range_prefix(etcd_provider.etcd_key("")) == []
+    assert (await etcd_provider.client.time_to_live(session)).TTL > 0
+
+
+async def test_ending_one_tenure_leaves_the_others_on_the_session(etcd: EtcdCluster) -> None:
+    prefix = unique_prefix()
+    async with (
+        EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as provider,
+        EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as elsewhere,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        held = [
+            await stack.enter_async_context(provider.hold(f"k{i}", "me", 3000)) for i in range(4)
+        ]
+        # Another process releases one, transfers another, with the contract's calls:
+        # it must not revoke the lease the other keys share.
+        await elsewhere.release_lease("k0", "me")
+        assert await elsewhere.transfer_lease("k1", "me", "you", 3000)
+        await asyncio.wait_for(asyncio.gather(held[0].lost.wait(), held[1].lost.wait()), 2)
+        assert "released" in (held[0].lost_reason or "")
+        assert "handed to 'you'" in (held[1].lost_reason or "")
+        await asyncio.sleep(3.5)  # past the TTL: the others are still renewed
+        assert not held[2].lost.is_set() and not held[3].lost.is_set()
+        assert await provider.get_lease_owner("k3") == "me"
+        await held[2].put("data", "still mine")  # fenced writes still apply
+        assert await provider.get_value("data") == b"still mine"
+
+
+async def test_losing_the_session_lease_loses_every_key_on_it(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        held: list[HeldLease] = [
+            await stack.enter_async_context(etcd_provider.hold(f"k{i}", "me", 3000))
+            for i in range(10)
+        ]
+        (session,) = await leases_of(etcd_provider, "k")
+        await etcd_provider.client.revoke(session)  # as etcd would on expiry
+        await asyncio.wait_for(asyncio.gather(*(lease.lost.wait() for lease in held)), 2)
+        assert all(lease.remaining() == 0 for lease in held)
+        # The next hold starts a new session.
+        async with etcd_provider.hold("after", "me", 3000) as after:
+            assert await leases_of(etcd_provider, "after") != {session}
+            assert not after.lost.is_set()
+
+
+async def test_a_cancelled_hold_leaves_no_key_on_the_session(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    async with etcd_provider.hold("warm", "me", 3000):  # the session exists already
+        pass
+    for i, delay in enumerate((0, 0.0005, 0.001, 0.002, 0.003, 0.005)):
+        attempt = asyncio.create_task(etcd_provider.hold(f"c{i}", "me", 3000).__aenter__())
+        await asyncio.sleep(delay)
+        attempt.cancel()
+        results = await asyncio.gather(attempt, return_exceptions=True)
+        if isinstance(results[0], HeldLease):  # it finished before the cancel
+            await results[0]._finish()
+    await asyncio.sleep(0.3)  # background settlement
+    # A key left on the session would be held by nobody for as long as the process runs.
+    assert await etcd_provider.client.range_prefix(etcd_provider.etcd_key("c")) == []
+
+
+async def test_a_key_held_elsewhere_by_the_same_owner_moves_onto_the_session(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    first = await etcd_provider.acquire_lease("job", "me", 3000)
+    async with etcd_provider.hold("job", "me", 3000) as lease:
+        kv = await etcd_provider.client.range(etcd_provider.etcd_key("job"))
+        assert kv is not None and is_session_lease(kv.lease)
+        assert first.token is not None and lease.token > first.token  # a new tenure
+    assert await etcd_provider.get_lease_owner("job") is None
