@@ -241,10 +241,14 @@ class SlowToKeep(EtcdLeaseProvider):
         return await super().keep_lease(key, owner, token, ttl_ms, valid_until)
 
 
-async def test_hold_cancelled_after_acquiring_gives_the_key_back(etcd: EtcdCluster) -> None:
+async def test_adopt_cancelled_before_keeping_gives_the_key_back(etcd: EtcdCluster) -> None:
+    # (hold itself acquires and keeps in one step: acquire_kept.)
     async with SlowToKeep(etcd.endpoints, prefix=unique_prefix()) as provider:
-        entering = asyncio.create_task(provider.hold("k", "alice", 30_000).__aenter__())
-        await asyncio.sleep(0.1)  # acquired, not yet kept
+        await provider.acquire_lease("k", "bob", 30_000)
+        assert await provider.transfer_lease("k", "bob", "alice", 30_000)
+        adopting = provider.adopt("k", "alice", 30_000)
+        entering = asyncio.create_task(adopting.__aenter__())
+        await asyncio.sleep(0.1)  # renewed and read, not yet kept
         entering.cancel()
         await asyncio.gather(entering, return_exceptions=True)
         deadline = time.monotonic() + 2

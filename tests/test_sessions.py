@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from etcd_leases import EtcdLeaseProvider, HeldLease
+import pytest
+
+from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseHeld
 from etcd_leases.etcd.client import is_session_lease
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import unique_prefix
@@ -103,3 +105,19 @@ async def test_a_key_held_elsewhere_by_the_same_owner_moves_onto_the_session(
         assert kv is not None and is_session_lease(kv.lease)
         assert first.token is not None and lease.token > first.token  # a new tenure
     assert await etcd_provider.get_lease_owner("job") is None
+
+
+async def test_another_owner_in_the_same_process_does_not_share_the_tenure(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    # Both would put the key on the same session lease: the lease alone does not say
+    # whose the key is (a bug the agent-threads tests caught: two runs of one thread).
+    async with etcd_provider.hold("seat", "a", 3000) as first:
+        with pytest.raises(LeaseHeld) as held:
+            async with etcd_provider.hold("seat", "b", 3000):
+                pass
+        assert held.value.holder == "a"
+        result, keeper = await etcd_provider.acquire_kept("seat", "b", 3000)
+        assert not result.acquired and result.owner == "a" and keeper is None
+        assert not first.lost.is_set()
+        assert await etcd_provider.get_lease_owner("seat") == "a"

@@ -35,8 +35,10 @@ from etcd_leases.errors import (
     LeaseError,
     LeaseLost,
     LeaseValueError,
+    PermissionDenied,
     ProviderClosed,
 )
+from etcd_leases.etcd.batch import TxnBatcher
 from etcd_leases.etcd.client import EtcdClient, is_session_lease, new_lease_id
 from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
 from etcd_leases.etcd.pool import Grant, LeasePool
@@ -133,6 +135,8 @@ class EtcdBackend:
         self._sessions = Sessions(
             self._client, self._keepalive, lambda ttl_s: self._grant(ttl_s, session=True)
         )
+        # Transactions that arrive together share one consensus round.
+        self._batcher = TxnBatcher(self._client)
         self._background: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -331,9 +335,11 @@ class EtcdBackend:
                 continue
             except BaseException:
                 # The put may have landed, and nobody would hold the key: undo it.
-                self._in_background(self._settle_session_put(txn, etcd_key, session))
+                self._in_background(self._settle_session_put(txn, etcd_key, value, session))
                 raise
-            if now is not None and now.lease == session.lease_id:
+            # The session lease is shared, by other keys and by other owners of this
+            # process: the put landed if the key shows our value on it.
+            if now is not None and now.lease == session.lease_id and now.value == value:
                 if kv is not None:
                     self.lease_freed(kv.lease)
                 return self._session_tenure(owner, etcd_key, now, session)
@@ -345,12 +351,14 @@ class EtcdBackend:
         keeper = EtcdKeeper(self, etcd_key, session.kept, kv.mod_revision + 1, shared=True)
         return AcquireResult(True, owner, kv.mod_revision, session.ttl_s * 1000), keeper
 
-    async def _settle_session_put(self, txn: Txn, etcd_key: bytes, session: Session) -> None:
+    async def _settle_session_put(
+        self, txn: Txn, etcd_key: bytes, value: bytes, session: Session
+    ) -> None:
         """Delete the key an interrupted session put left behind, if it did."""
         while not session.kept.lost.is_set():
             try:
                 kv = await self._cas(txn)
-                if kv is not None and kv.lease == session.lease_id:
+                if kv is not None and kv.lease == session.lease_id and kv.value == value:
                     await self._cas(
                         Txn.when(mod_revision_is(etcd_key, kv.mod_revision)).then(delete(etcd_key))
                     )
@@ -449,7 +457,7 @@ class EtcdBackend:
         """
         for attempt in range(_CAS_ATTEMPTS):
             try:
-                return await self._client.txn(txn.request), attempt > 0
+                return await self._batcher.txn(txn.request), attempt > 0
             except BackendUnavailable:
                 if attempt == _CAS_ATTEMPTS - 1:
                     raise
@@ -527,6 +535,9 @@ class EtcdBackend:
             if isinstance(exc, BackendError) and self._client.is_lease_not_found(exc):
                 self._pool.forget(grant.lease_id)
                 return Attached(None, None)  # it expired before the put: nothing landed
+            if isinstance(exc, BackendError | PermissionDenied):
+                self._pool.give_back(grant.lease_id)  # refused: nothing landed
+                raise
             if replaces is not None:
                 self._in_background(self._settle_move(txn, grant, replaces))
                 raise

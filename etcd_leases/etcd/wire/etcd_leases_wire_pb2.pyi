@@ -309,24 +309,28 @@ class RequestOp(_message.Message):
     REQUEST_RANGE_FIELD_NUMBER: _builtins.int
     REQUEST_PUT_FIELD_NUMBER: _builtins.int
     REQUEST_DELETE_RANGE_FIELD_NUMBER: _builtins.int
+    REQUEST_TXN_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def request_range(self) -> Global___RangeRequest: ...
     @_builtins.property
     def request_put(self) -> Global___PutRequest: ...
     @_builtins.property
     def request_delete_range(self) -> Global___DeleteRangeRequest: ...
+    @_builtins.property
+    def request_txn(self) -> Global___TxnRequest: ...
     def __init__(
         self,
         *,
         request_range: Global___RangeRequest | None = ...,
         request_put: Global___PutRequest | None = ...,
         request_delete_range: Global___DeleteRangeRequest | None = ...,
+        request_txn: Global___TxnRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request", "request_delete_range", b"request_delete_range", "request_put", b"request_put", "request_range", b"request_range"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request", "request_delete_range", b"request_delete_range", "request_put", b"request_put", "request_range", b"request_range", "request_txn", b"request_txn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request", b"request", "request_delete_range", b"request_delete_range", "request_put", b"request_put", "request_range", b"request_range"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request", b"request", "request_delete_range", b"request_delete_range", "request_put", b"request_put", "request_range", b"request_range", "request_txn", b"request_txn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["request_range", "request_put", "request_delete_range"]  # noqa: Y015
+    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["request_range", "request_put", "request_delete_range", "request_txn"]  # noqa: Y015
     _WhichOneofArgType_request: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_request) -> _WhichOneofReturnType_request | None: ...
 
@@ -339,24 +343,28 @@ class ResponseOp(_message.Message):
     RESPONSE_RANGE_FIELD_NUMBER: _builtins.int
     RESPONSE_PUT_FIELD_NUMBER: _builtins.int
     RESPONSE_DELETE_RANGE_FIELD_NUMBER: _builtins.int
+    RESPONSE_TXN_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def response_range(self) -> Global___RangeResponse: ...
     @_builtins.property
     def response_put(self) -> Global___PutResponse: ...
     @_builtins.property
     def response_delete_range(self) -> Global___DeleteRangeResponse: ...
+    @_builtins.property
+    def response_txn(self) -> Global___TxnResponse: ...
     def __init__(
         self,
         *,
         response_range: Global___RangeResponse | None = ...,
         response_put: Global___PutResponse | None = ...,
         response_delete_range: Global___DeleteRangeResponse | None = ...,
+        response_txn: Global___TxnResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "response_delete_range", b"response_delete_range", "response_put", b"response_put", "response_range", b"response_range"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "response_delete_range", b"response_delete_range", "response_put", b"response_put", "response_range", b"response_range", "response_txn", b"response_txn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "response_delete_range", b"response_delete_range", "response_put", b"response_put", "response_range", b"response_range"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "response_delete_range", b"response_delete_range", "response_put", b"response_put", "response_range", b"response_range", "response_txn", b"response_txn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_response: _TypeAlias = _typing.Literal["response_range", "response_put", "response_delete_range"]  # noqa: Y015
+    _WhichOneofReturnType_response: _TypeAlias = _typing.Literal["response_range", "response_put", "response_delete_range", "response_txn"]  # noqa: Y015
     _WhichOneofArgType_response: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_response) -> _WhichOneofReturnType_response | None: ...
 

@@ -1,0 +1,87 @@
+"""Concurrent transactions share one nested transaction, each with the answer it earns."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from etcd_leases import EtcdLeaseProvider
+from etcd_leases.errors import BackendError
+from etcd_leases.etcd.batch import TxnBatcher, written_keys
+from etcd_leases.etcd.client import EtcdClient, new_lease_id
+from etcd_leases.etcd.txn import Txn, create_revision_is, delete, get, put, value_is
+from tests.conftest import unique_prefix
+
+
+def create(key: bytes, value: bytes, lease: int = 0) -> Txn:
+    return Txn.when(create_revision_is(key, 0)).then(put(key, value, lease)).otherwise(get(key))
+
+
+async def test_transactions_sent_together_each_get_their_own_answer(client: EtcdClient) -> None:
+    batcher = TxnBatcher(client, max_in_flight=1)
+    prefix = unique_prefix().encode()
+    await client.txn(create(prefix + b"taken", b"someone").request)
+    keys = [prefix + b"k%d" % i for i in range(40)] + [prefix + b"taken"]
+    responses = await asyncio.gather(*(batcher.txn(create(k, b"me").request) for k in keys))
+    assert batcher.batches_sent >= 1  # they did not go one by one
+    assert [r.succeeded for r in responses] == [True] * 40 + [False]
+    assert responses[-1].responses[0].response_range.kvs[0].value == b"someone"
+    assert all(r.header.revision > 0 for r in responses)
+    values = [await client.range(k) for k in keys]
+    assert [kv.value for kv in values if kv is not None] == [b"me"] * 40 + [b"someone"]
+
+
+async def test_a_batch_etcd_refuses_is_sent_again_one_by_one(client: EtcdClient) -> None:
+    batcher = TxnBatcher(client, max_in_flight=1)
+    prefix = unique_prefix().encode()
+    gone = new_lease_id()  # never granted: etcd refuses a put under it
+    requests = [create(prefix + b"k%d" % i, b"me").request for i in range(10)]
+    requests.insert(5, create(prefix + b"bad", b"me", gone).request)
+    results = await asyncio.gather(*(batcher.txn(r) for r in requests), return_exceptions=True)
+    refused = results.pop(5)
+    assert isinstance(refused, BackendError) and client.is_lease_not_found(refused)
+    assert all(not isinstance(r, BaseException) and r.succeeded for r in results)
+    assert await client.range(prefix + b"bad") is None
+
+
+async def test_two_writes_of_one_key_never_share_a_batch(client: EtcdClient) -> None:
+    batcher = TxnBatcher(client, max_in_flight=1)
+    key = unique_prefix().encode() + b"k"
+    # Sent one after another, in order: the put, its delete, the put again.
+    steps = [
+        Txn.when(create_revision_is(key, 0)).then(put(key, b"a")),
+        Txn.when(value_is(key, b"a")).then(delete(key)),
+        Txn.when(create_revision_is(key, 0)).then(put(key, b"b")),
+    ]
+    assert written_keys(steps[0].request) == {key}
+    responses = await asyncio.gather(*(batcher.txn(step.request) for step in steps))
+    assert [r.succeeded for r in responses] == [True, True, True]
+    kv = await client.range(key)
+    assert kv is not None and kv.value == b"b"
+
+
+async def test_many_racers_for_one_key_still_have_one_winner(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    results = await asyncio.gather(
+        *(etcd_provider.acquire_lease("seat", f"w{i}", 5000) for i in range(50))
+    )
+    winners = [r.owner for r in results if r.acquired]
+    assert len(winners) == 1
+    assert {r.owner for r in results} == {winners[0]}
+
+
+@pytest.mark.parametrize("tasks", [16, 256])
+async def test_concurrent_cycles_on_distinct_keys_are_batched(
+    etcd_provider: EtcdLeaseProvider, tasks: int
+) -> None:
+    async def cycle(i: int) -> None:
+        for round_ in range(3):
+            result = await etcd_provider.acquire_lease(f"c{i}-{round_}", "me", 5000)
+            assert result.acquired and result.token is not None
+            await etcd_provider.release_lease(f"c{i}-{round_}", "me")
+
+    await asyncio.gather(*(cycle(i) for i in range(tasks)))
+    assert etcd_provider._batcher.batches_sent > 0
+    assert await etcd_provider.client.range_prefix(etcd_provider.etcd_key("c")) == []
