@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseLost, NoopLeaseProvider
-from etcd_leases.etcd.inbox import EtcdInbox
-from etcd_leases.etcd.inbox_keys import default_inbox_prefix
+from etcd_leases.etcd.inbox_keys import inbox_root
 from etcd_leases.inbox import MAX_PAYLOAD_BYTES
 from etcd_leases.testing import EtcdCluster
 from etcd_leases.threads import Handler, InboxFull, Message, ThreadMessages, Threads
@@ -253,13 +252,11 @@ async def test_threads_do_not_see_each_others_messages(live: Live) -> None:
 
 
 @pytest.mark.parametrize(
-    ("lease_prefix", "inbox_root"),
+    ("lease_prefix", "root"),
     [("/etcd-leases/", b"/etcd-leases.inbox/"), ("/app", b"/app\xff.inbox/"), ("", b"\xff.inbox/")],
 )
-def test_inboxes_never_fall_under_a_lease_key(lease_prefix: str, inbox_root: bytes) -> None:
-    assert default_inbox_prefix(lease_prefix) == inbox_root
-    with pytest.raises(ValueError, match="overlaps the lease prefix"):
-        EtcdInbox(EtcdLeaseProvider(prefix="/a/"), prefix="/a/inbox/")
+def test_inboxes_never_fall_under_a_lease_key(lease_prefix: str, root: bytes) -> None:
+    assert inbox_root(lease_prefix) == root
 
 
 async def test_a_failing_handler_releases_the_thread_and_keeps_its_messages(live: Live) -> None:

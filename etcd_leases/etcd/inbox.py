@@ -69,8 +69,8 @@ class _SendQueue:
 class EtcdInbox:
     """The :class:`~etcd_leases.inbox.Inbox` capability on an :class:`EtcdBackend`."""
 
-    def __init__(self, backend: EtcdBackend, prefix: str | None = None) -> None:
-        self.keys = InboxKeys(backend.prefix, prefix)
+    def __init__(self, backend: EtcdBackend) -> None:
+        self.keys = InboxKeys(backend.prefix)
         self._backend = backend
         self._client = backend.client
         self._queues: dict[str, _SendQueue] = {}
