@@ -66,7 +66,8 @@ class Inbox(Protocol):
     - ``watch``: the messages waiting now (one batch, maybe empty), then each batch of
       new ones as they are appended; seq order throughout, each message once.
     - ``ack``: remove ``message`` only while the tenure ``token`` of ``owner`` holds
-      the lease ``key``, atomically; ``False`` when it does not.
+      the lease ``key``, atomically; ``False`` when it does not. A message whose id
+      is not one of ``message.thread``'s is refused (``LeaseValueError``).
     - ``release_if_empty``: free the lease ``key`` only if ``owner``'s tenure ``token``
       still holds it **and** ``thread``'s inbox is empty, in one atomic step; ``False``
       (nothing changed) otherwise.
@@ -116,6 +117,13 @@ def check_append(thread: object, payload: object, max_pending: object) -> None:
     check_key(thread, "thread")
     payload_bytes(payload)
     check_max_pending(max_pending)
+
+
+def not_in_inbox(message: Message) -> LeaseValueError:
+    """The refusal of an ack whose message id is not one of its thread's messages."""
+    return LeaseValueError(
+        f"message id {message.id!r} is not in the inbox of thread {message.thread!r}"
+    )
 
 
 def check_max_pending(max_pending: object) -> None:

@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator
 
 from etcd_leases.contract import check_key, check_owner
 from etcd_leases.errors import ProviderClosed
-from etcd_leases.inbox import InboxFull, Message, check_append, payload_bytes
+from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox, payload_bytes
 from etcd_leases.memory import MemoryBackend
 
 
@@ -64,6 +64,10 @@ class MemoryInbox:
     async def ack(self, key: str, owner: str, token: int, message: Message) -> bool:
         check_key(key)
         check_owner(owner)
+        check_key(message.thread, "thread")
+        thread, sign, number = message.id.rpartition("#")
+        if thread != message.thread or not sign or not number.isdigit():
+            raise not_in_inbox(message)
         self._backend._check_open()
         if not self._backend._holds(key, owner, token):
             return False

@@ -48,7 +48,7 @@ from etcd_leases.etcd.txn import (
     value_is,
 )
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
-from etcd_leases.inbox import InboxFull, Message, check_append, payload_bytes
+from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox, payload_bytes
 
 
 class _SendQueue:
@@ -155,12 +155,24 @@ class EtcdInbox:
     async def ack(self, key: str, owner: str, token: int, message: Message) -> bool:
         check_key(key)
         check_owner(owner)
+        message_key = self._key_of(message)
         self._client.check_open()
         lease_key = self._backend.etcd_key(key)
         txn = Txn.when(mod_revision_is(lease_key, token), value_is(lease_key, owner.encode()))
         # Deleting an absent key succeeds, so a lost answer can be settled by asking again.
-        response, _ = await self._backend._send_copies(txn.then(delete(key_of(message.id))))
+        response, _ = await self._backend._send_copies(txn.then(delete(message_key)))
         return response.succeeded
+
+    def _key_of(self, message: Message) -> bytes:
+        """The etcd key of ``message``: never anything but one of its thread's messages."""
+        check_key(message.thread, "thread")
+        try:
+            message_key = key_of(message.id)
+        except UnicodeEncodeError:
+            raise not_in_inbox(message) from None
+        if not self.keys.is_message(message.thread, message_key):
+            raise not_in_inbox(message)
+        return message_key
 
     async def release_if_empty(self, key: str, owner: str, token: int, thread: str) -> bool:
         check_key(key)

@@ -55,6 +55,13 @@ class InboxKeys:
     def message(self, thread: str, seq: int, nonce: str) -> bytes:
         return self.messages(thread) + b"%0*d.%s" % (SEQ_DIGITS, seq, nonce.encode())
 
+    def is_message(self, thread: str, key: bytes) -> bool:
+        """Whether ``key`` names one of ``thread``'s messages."""
+        prefix = self.messages(thread)
+        seq, dot, nonce = key[len(prefix) :].partition(b".")
+        digits = len(seq) == SEQ_DIGITS and seq.isdigit()
+        return key.startswith(prefix) and digits and bool(dot) and bool(nonce)
+
     def seq_of(self, thread: str, key: bytes) -> int:
         return int(key[len(self.messages(thread)) :][:SEQ_DIGITS])
 
