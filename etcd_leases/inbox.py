@@ -63,6 +63,7 @@ class Inbox(Protocol):
     - ``append``: store a message durably (when it returns) at the end of ``thread``'s
       inbox; :class:`InboxFull` if ``max_pending`` messages are already waiting.
     - ``pending``: the messages waiting now, in seq order.
+    - ``count_pending``: how many messages are waiting now, without reading them.
     - ``watch``: the messages waiting now (one batch, maybe empty), then each batch of
       new ones as they are appended; seq order throughout, each message once.
     - ``ack``: remove ``message`` only while the tenure ``token`` of ``owner`` holds
@@ -78,6 +79,8 @@ class Inbox(Protocol):
     async def append(self, thread: str, payload: bytes, max_pending: int) -> Message: ...
 
     async def pending(self, thread: str) -> list[Message]: ...
+
+    async def count_pending(self, thread: str) -> int: ...
 
     def watch(self, thread: str) -> AsyncGenerator[list[Message], None]: ...
 

@@ -48,6 +48,11 @@ class MemoryInbox:
         self._backend._check_open()
         return list(self._messages.get(thread, {}).values())
 
+    async def count_pending(self, thread: str) -> int:
+        check_key(thread, "thread")
+        self._backend._check_open()
+        return len(self._messages.get(thread, {}))
+
     async def watch(self, thread: str) -> AsyncGenerator[list[Message], None]:
         check_key(thread, "thread")
         self._backend._check_open()

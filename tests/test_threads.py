@@ -232,6 +232,19 @@ async def test_a_run_acknowledges_only_its_own_threads_messages(live: Live) -> N
     assert [m.text for m in await live.provider.inbox.pending("b")] == ["not yours"]
 
 
+async def test_count_pending_counts_what_is_waiting(live: Live) -> None:
+    inbox = live.provider.inbox
+    assert await inbox.count_pending("t") == 0
+    first = await inbox.append("t", b"x" * MAX_PAYLOAD_BYTES, 10)
+    await inbox.append("t", b"y", 10)
+    await inbox.append("u", b"z", 10)
+    assert await inbox.count_pending("t") == 2
+    held = await live.provider.acquire_lease("thread/t", "run", 5000)
+    assert held.token is not None
+    assert await inbox.ack("thread/t", "run", held.token, first)
+    assert await inbox.count_pending("t") == len(await inbox.pending("t")) == 1
+
+
 async def test_serve_takes_over_a_thread_whose_owner_died(live: Live) -> None:
     handled = Handled()
     threads = Threads(live.provider, recorder(handled), ttl_ms=1000)

@@ -141,6 +141,11 @@ class EtcdInbox:
         response = await self._range(self.keys.messages(thread))
         return [self._message(thread, kv) for kv in response.kvs]
 
+    async def count_pending(self, thread: str) -> int:
+        check_key(thread, "thread")
+        self._client.check_open()
+        return (await self._range(self.keys.messages(thread), count_only=True)).count
+
     async def watch(self, thread: str) -> AsyncGenerator[list[Message], None]:
         check_key(thread, "thread")
         self._client.check_open()
@@ -209,9 +214,13 @@ class EtcdInbox:
                     if thread is not None:
                         yield thread
 
-    async def _range(self, start: bytes, keys_only: bool = False) -> pb.RangeResponse:
-        """Every key under ``start``, in key order (a linearizable read)."""
-        request = pb.RangeRequest(key=start, range_end=prefix_end(start), keys_only=keys_only)
+    async def _range(
+        self, start: bytes, keys_only: bool = False, *, count_only: bool = False
+    ) -> pb.RangeResponse:
+        """Every key under ``start``, in key order (a linearizable read), or their count."""
+        request = pb.RangeRequest(
+            key=start, range_end=prefix_end(start), keys_only=keys_only, count_only=count_only
+        )
         return await self._client.call("/etcdserverpb.KV/Range", request, pb.RangeResponse)
 
     async def _watch_range(
