@@ -62,8 +62,13 @@ class _SendQueue:
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.users = 0
-        self.known = False
+        #: The thread's ``seq`` key as last seen (empty: there is none), once read.
         self.seq_kv: pb.KeyValue | None = None
+
+
+def _or_empty(kv: pb.KeyValue | None) -> pb.KeyValue:
+    """A key read: an absent one as an empty ``KeyValue`` (no value, mod_revision 0)."""
+    return kv if kv is not None else pb.KeyValue()
 
 
 class EtcdInbox:
@@ -97,11 +102,12 @@ class EtcdInbox:
         self, thread: str, data: bytes, max_pending: int, queue: _SendQueue
     ) -> Message:
         seq_key, nonce = self.keys.seq(thread), secrets.token_hex(8)
-        if not queue.known:
-            queue.seq_kv, queue.known = await self._client.range(seq_key), True
+        seq_kv = queue.seq_kv
+        if seq_kv is None:
+            seq_kv = queue.seq_kv = _or_empty(await self._client.range(seq_key))
         while True:
-            last = int(queue.seq_kv.value.split()[0]) if queue.seq_kv is not None else 0
-            seen = queue.seq_kv.mod_revision if queue.seq_kv is not None else 0
+            last = int(seq_kv.value.split()[0]) if seq_kv.value else 0
+            seen = seq_kv.mod_revision
             key = self.keys.message(thread, last + 1, nonce)
             compares = [mod_revision_is(seq_key, seen)]
             if (oldest_allowed := last + 2 - max_pending) > 1:
@@ -116,11 +122,11 @@ class EtcdInbox:
                 .otherwise(get(seq_key), get(key))
             )
             response, answers_lost = await self._backend._send_copies(txn)
-            queue.seq_kv = first_kv(response)
-            ours = queue.seq_kv is not None and queue.seq_kv.value == seq_value
+            seq_kv = queue.seq_kv = _or_empty(first_kv(response))
+            ours = seq_kv.value == seq_value
             if response.succeeded or self._found(response, 1) or (answers_lost and ours):
                 return Message(thread, last + 1, data, id_of(key))
-            if (queue.seq_kv.mod_revision if queue.seq_kv is not None else 0) == seen:
+            if seq_kv.mod_revision == seen:
                 raise InboxFull(thread, max_pending)
             if answers_lost:
                 # A copy of ours may have landed, been acknowledged and been followed
