@@ -115,11 +115,15 @@ def payload_bytes(payload: object, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
     return data
 
 
-def check_append(thread: object, payload: object, max_pending: object) -> None:
-    """The checks of :meth:`Inbox.append`: a thread named like a key, a bounded payload."""
+def check_append(thread: object, payload: object, max_pending: object) -> bytes:
+    """The checks of :meth:`Inbox.append`: a thread named like a key, a bounded payload.
+
+    Returns the payload as bytes, so that it is encoded once.
+    """
     check_key(thread, "thread")
-    payload_bytes(payload)
+    data = payload_bytes(payload)
     check_max_pending(max_pending)
+    return data
 
 
 def not_in_inbox(message: Message) -> LeaseValueError:

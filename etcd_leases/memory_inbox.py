@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator
 
 from etcd_leases.contract import check_key, check_owner
 from etcd_leases.errors import ProviderClosed
-from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox, payload_bytes
+from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox
 from etcd_leases.memory import MemoryBackend
 
 
@@ -28,14 +28,14 @@ class MemoryInbox:
         self._thread_watchers: set[asyncio.Queue[str | None]] = set()
 
     async def append(self, thread: str, payload: bytes, max_pending: int) -> Message:
-        check_append(thread, payload, max_pending)
+        data = check_append(thread, payload, max_pending)
         self._backend._check_open()
         waiting = self._messages.setdefault(thread, {})
         if len(waiting) >= max_pending:
             raise InboxFull(thread, max_pending)
         seq = self._last_seq.get(thread, 0) + 1
         self._last_seq[thread] = seq
-        message = Message(thread, seq, payload_bytes(payload), f"{thread}#{next(self._ids)}")
+        message = Message(thread, seq, data, f"{thread}#{next(self._ids)}")
         waiting[seq] = message
         for queue in self._watchers.get(thread, ()):
             queue.put_nowait([message])

@@ -48,7 +48,7 @@ from etcd_leases.etcd.txn import (
     value_is,
 )
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
-from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox, payload_bytes
+from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox
 
 
 class _SendQueue:
@@ -86,13 +86,13 @@ class EtcdInbox:
     # The capability.
 
     async def append(self, thread: str, payload: bytes, max_pending: int) -> Message:
-        check_append(thread, payload, max_pending)
+        data = check_append(thread, payload, max_pending)
         self._client.check_open()
         queue = self._queues.setdefault(thread, _SendQueue())
         queue.users += 1
         try:
             async with queue.lock:
-                return await self._append(thread, payload_bytes(payload), max_pending, queue)
+                return await self._append(thread, data, max_pending, queue)
         finally:
             queue.users -= 1
             if not queue.users:
