@@ -63,10 +63,12 @@ class Inbox(Protocol):
     - ``append``: store a message durably (when it returns) at the end of ``thread``'s
       inbox; :class:`InboxFull` if ``max_pending`` messages are already waiting.
     - ``pending``: the messages waiting now, in seq order.
+    - ``count_pending``: how many messages are waiting now, without reading them.
     - ``watch``: the messages waiting now (one batch, maybe empty), then each batch of
       new ones as they are appended; seq order throughout, each message once.
     - ``ack``: remove ``message`` only while the tenure ``token`` of ``owner`` holds
-      the lease ``key``, atomically; ``False`` when it does not.
+      the lease ``key``, atomically; ``False`` when it does not. A message whose id
+      is not one of ``message.thread``'s is refused (``LeaseValueError``).
     - ``release_if_empty``: free the lease ``key`` only if ``owner``'s tenure ``token``
       still holds it **and** ``thread``'s inbox is empty, in one atomic step; ``False``
       (nothing changed) otherwise.
@@ -77,6 +79,8 @@ class Inbox(Protocol):
     async def append(self, thread: str, payload: bytes, max_pending: int) -> Message: ...
 
     async def pending(self, thread: str) -> list[Message]: ...
+
+    async def count_pending(self, thread: str) -> int: ...
 
     def watch(self, thread: str) -> AsyncGenerator[list[Message], None]: ...
 
@@ -111,11 +115,22 @@ def payload_bytes(payload: object, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
     return data
 
 
-def check_append(thread: object, payload: object, max_pending: object) -> None:
-    """The checks of :meth:`Inbox.append`: a thread named like a key, a bounded payload."""
+def check_append(thread: object, payload: object, max_pending: object) -> bytes:
+    """The checks of :meth:`Inbox.append`: a thread named like a key, a bounded payload.
+
+    Returns the payload as bytes, so that it is encoded once.
+    """
     check_key(thread, "thread")
-    payload_bytes(payload)
+    data = payload_bytes(payload)
     check_max_pending(max_pending)
+    return data
+
+
+def not_in_inbox(message: Message) -> LeaseValueError:
+    """The refusal of an ack whose message id is not one of its thread's messages."""
+    return LeaseValueError(
+        f"message id {message.id!r} is not in the inbox of thread {message.thread!r}"
+    )
 
 
 def check_max_pending(max_pending: object) -> None:

@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator
 
 from etcd_leases.contract import check_key, check_owner
 from etcd_leases.errors import ProviderClosed
-from etcd_leases.inbox import InboxFull, Message, check_append, payload_bytes
+from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox
 from etcd_leases.memory import MemoryBackend
 
 
@@ -28,14 +28,14 @@ class MemoryInbox:
         self._thread_watchers: set[asyncio.Queue[str | None]] = set()
 
     async def append(self, thread: str, payload: bytes, max_pending: int) -> Message:
-        check_append(thread, payload, max_pending)
+        data = check_append(thread, payload, max_pending)
         self._backend._check_open()
         waiting = self._messages.setdefault(thread, {})
         if len(waiting) >= max_pending:
             raise InboxFull(thread, max_pending)
         seq = self._last_seq.get(thread, 0) + 1
         self._last_seq[thread] = seq
-        message = Message(thread, seq, payload_bytes(payload), f"{thread}#{next(self._ids)}")
+        message = Message(thread, seq, data, f"{thread}#{next(self._ids)}")
         waiting[seq] = message
         for queue in self._watchers.get(thread, ()):
             queue.put_nowait([message])
@@ -47,6 +47,11 @@ class MemoryInbox:
         check_key(thread, "thread")
         self._backend._check_open()
         return list(self._messages.get(thread, {}).values())
+
+    async def count_pending(self, thread: str) -> int:
+        check_key(thread, "thread")
+        self._backend._check_open()
+        return len(self._messages.get(thread, {}))
 
     async def watch(self, thread: str) -> AsyncGenerator[list[Message], None]:
         check_key(thread, "thread")
@@ -64,6 +69,10 @@ class MemoryInbox:
     async def ack(self, key: str, owner: str, token: int, message: Message) -> bool:
         check_key(key)
         check_owner(owner)
+        check_key(message.thread, "thread")
+        thread, sign, number = message.id.rpartition("#")
+        if thread != message.thread or not sign or not number.isdigit():
+            raise not_in_inbox(message)
         self._backend._check_open()
         if not self._backend._holds(key, owner, token):
             return False

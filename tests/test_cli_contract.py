@@ -136,6 +136,21 @@ def test_a_malformed_endpoint_is_refused_at_once(endpoint: str, message: str) ->
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("ETCDCTL_ENDPOINTS", "127.0.0.1", "'127.0.0.1' is not [http(s)://]host:port"),
+        ("ETCDCTL_USER", "no-password", "ETCDCTL_USER must be name:password"),
+        ("ETCDCTL_USER", ":pw", "username must not be empty"),
+    ],
+)
+def test_a_malformed_variable_is_refused_at_once(variable: str, value: str, message: str) -> None:
+    env = {**cli_env(), variable: value, "ETCDCTL_COMMAND_TIMEOUT": "60s"}
+    done = run_cli("owner", "k", env=env, timeout=20)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
 def error_line(stderr: str) -> str:
     """The error: one line, the last; log lines of the library may come before it."""
     assert "Traceback" not in stderr

@@ -189,9 +189,18 @@ def test_endpoint_forms() -> None:
     assert targets("http://a:1, https://b:2/") == [("a:1", False), ("b:2", True)]
     assert targets(["a:1", "b:2,c:3"]) == [("a:1", False), ("b:2", False), ("c:3", False)]
     assert targets("a:1", tls=True) == [("a:1", True)]
-    for bad in ("", "ftp://a:1", "http://", "a:1/path"):
+    assert targets("[::1]:2379,") == [("[::1]:2379", False)]
+    for bad in ("", " , ", "ftp://a:1", "http://", "a:1/path", "u@a:1", "a:http", "a:0"):
         with pytest.raises(LeaseValueError, match="endpoints"):
             parse_endpoints(bad, tls=False)
+
+
+def test_an_endpoint_without_a_port_is_refused_by_name() -> None:
+    # Not left to gRPC, which would pick a port of its own and fail only when called.
+    for endpoint in ("127.0.0.1", "https://etcd.local", "a:1,localhost:"):
+        with pytest.raises(LeaseValueError, match="has no valid port") as refused:
+            EtcdLeaseProvider(endpoint)
+        assert repr(endpoint.rpartition(",")[2]) in str(refused.value)
 
 
 def test_from_env(monkeypatch: pytest.MonkeyPatch) -> None:

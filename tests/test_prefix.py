@@ -26,25 +26,60 @@ async def test_list_owners_reads_keys_under_the_prefix_with_their_ttl(etcd: Etcd
         assert owners[1].ttl_s is None
 
 
-async def test_a_watch_survives_the_loss_of_its_member(etcd_cluster: EtcdCluster) -> None:
+async def test_a_watch_moves_off_a_frozen_member_within_seconds(
+    etcd_cluster: EtcdCluster,
+) -> None:
     prefix = unique_prefix()
-    endpoints = etcd_cluster.endpoints
+    leader = await asyncio.to_thread(etcd_cluster.leader)
+    frozen = next(member for member in etcd_cluster.members if member is not leader)
+    others = [member.endpoint for member in etcd_cluster.members if member is not frozen]
     async with (
-        EtcdLeaseProvider(endpoints, prefix=prefix, timeout=2) as watching,
-        EtcdLeaseProvider(endpoints[1:], prefix=prefix) as writer,
+        # The watch's stream starts on the first endpoint: a follower, so that
+        # freezing it needs no election before the writes go through.
+        EtcdLeaseProvider([frozen.endpoint, *others], prefix=prefix, timeout=2) as watching,
+        EtcdLeaseProvider(leader.endpoint, prefix=prefix) as writer,
     ):
         await writer.acquire_lease("before", "alice", 30_000)
         changes = watch_owners(watching.client, watching.etcd_key(""))
         async with aclosing(changes):
             first = await asyncio.wait_for(anext(changes), 10)
             assert (first.key, first.owner) == ("before", "alice")
-            # The watch's stream is on the first endpoint: take that member away.
-            etcd_cluster.members[0].kill()
-            await writer.acquire_lease("after", "bob", 30_000)
-            await writer.release_lease("before", "alice")
+            # Frozen, the member keeps the connection open and answers nothing; gRPC
+            # keepalive alone would take 5-15 s to notice, the stream's probe takes 3.
+            frozen.pause()
             seen: dict[str, KeyOwner] = {}
-            while seen.get("after") is None or "before" not in seen:
-                change = await asyncio.wait_for(anext(changes), 20)
-                seen[change.key] = change
+            async with asyncio.timeout(5):
+                await writer.acquire_lease("after", "bob", 30_000)
+                await writer.release_lease("before", "alice")
+                while seen.get("after") is None or "before" not in seen:
+                    change = await anext(changes)
+                    seen[change.key] = change
             assert seen["after"].owner == "bob"
             assert seen["before"].owner is None
+
+
+async def test_a_watch_reports_what_changed_in_history_lost_to_compaction(
+    etcd: EtcdCluster,
+) -> None:
+    prefix = unique_prefix()
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as provider:
+        await provider.acquire_lease("gone", "bob", 30_000)
+        await provider.acquire_lease("kept", "alice", 30_000)
+        changes = watch_owners(provider.client, provider.etcd_key(""))
+        async with aclosing(changes):
+            initial = [await asyncio.wait_for(anext(changes), 10) for _ in range(2)]
+            assert [(o.key, o.owner) for o in initial] == [("gone", "bob"), ("kept", "alice")]
+            # The watch starts only when the next change is asked for: the history
+            # it needs is compacted before it does.
+            await provider.release_lease("gone", "bob")
+            added = await provider.acquire_lease("added", "carol", 30_000)
+            await asyncio.to_thread(etcd.etcdctl, "compact", str(added.token))
+            caught_up = [await asyncio.wait_for(anext(changes), 10) for _ in range(2)]
+            assert [(o.key, o.owner, o.token) for o in caught_up] == [
+                ("added", "carol", added.token),
+                ("gone", None, None),
+            ]
+            # Live again, and what the re-read covered does not come twice.
+            later = await provider.acquire_lease("later", "dave", 30_000)
+            change = await asyncio.wait_for(anext(changes), 10)
+            assert (change.key, change.owner, change.token) == ("later", "dave", later.token)

@@ -9,9 +9,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseLost, NoopLeaseProvider
-from etcd_leases.etcd.inbox import EtcdInbox
-from etcd_leases.etcd.inbox_keys import default_inbox_prefix
+from etcd_leases import (
+    EtcdLeaseProvider,
+    HeldLease,
+    LeaseLost,
+    LeaseValueError,
+    NoopLeaseProvider,
+)
+from etcd_leases.etcd.inbox_keys import id_of, inbox_root
 from etcd_leases.inbox import MAX_PAYLOAD_BYTES
 from etcd_leases.testing import EtcdCluster
 from etcd_leases.threads import Handler, InboxFull, Message, ThreadMessages, Threads
@@ -194,6 +199,52 @@ async def test_acks_and_releases_are_fenced_by_the_token(live: Live) -> None:
     assert await live.provider.get_lease_owner("thread/t") is None
 
 
+async def test_an_ack_refuses_an_id_outside_its_threads_inbox(live: Live) -> None:
+    inbox, provider = live.provider.inbox, live.provider
+    mine = await inbox.append("t", b"mine", 10)
+    other = await inbox.append("u", b"other", 10)
+    held = await provider.acquire_lease("thread/t", "run", 5000)
+    assert held.token is not None
+    forged = [other.id, "thread/t", mine.id.rpartition("/")[0]]
+    if isinstance(provider, EtcdLeaseProvider):
+        forged.append(id_of(provider.etcd_key("thread/t")))  # the lease key itself
+    for message_id in forged:
+        with pytest.raises(LeaseValueError, match="is not in the inbox of thread 't'"):
+            await inbox.ack("thread/t", "run", held.token, Message("t", 1, b"", message_id))
+    assert await provider.get_lease_owner("thread/t") == "run"
+    assert [m.text for m in await inbox.pending("u")] == ["other"]
+    assert await inbox.ack("thread/t", "run", held.token, mine)
+    assert await inbox.pending("t") == []
+
+
+async def test_a_run_acknowledges_only_its_own_threads_messages(live: Live) -> None:
+    other = await live.provider.inbox.append("b", b"not yours", 10)
+
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        async for _ in messages:
+            await messages.ack(other)
+            raise AssertionError("a run acknowledged another thread's message")
+
+    threads = Threads(live.provider, handle, ttl_ms=5000)
+    await threads.send("a", "x")
+    with pytest.raises(LeaseValueError, match="only its own thread's messages"):
+        await threads.run("a")
+    assert [m.text for m in await live.provider.inbox.pending("b")] == ["not yours"]
+
+
+async def test_count_pending_counts_what_is_waiting(live: Live) -> None:
+    inbox = live.provider.inbox
+    assert await inbox.count_pending("t") == 0
+    first = await inbox.append("t", b"x" * MAX_PAYLOAD_BYTES, 10)
+    await inbox.append("t", b"y", 10)
+    await inbox.append("u", b"z", 10)
+    assert await inbox.count_pending("t") == 2
+    held = await live.provider.acquire_lease("thread/t", "run", 5000)
+    assert held.token is not None
+    assert await inbox.ack("thread/t", "run", held.token, first)
+    assert await inbox.count_pending("t") == len(await inbox.pending("t")) == 1
+
+
 async def test_serve_takes_over_a_thread_whose_owner_died(live: Live) -> None:
     handled = Handled()
     threads = Threads(live.provider, recorder(handled), ttl_ms=1000)
@@ -253,13 +304,11 @@ async def test_threads_do_not_see_each_others_messages(live: Live) -> None:
 
 
 @pytest.mark.parametrize(
-    ("lease_prefix", "inbox_root"),
+    ("lease_prefix", "root"),
     [("/etcd-leases/", b"/etcd-leases.inbox/"), ("/app", b"/app\xff.inbox/"), ("", b"\xff.inbox/")],
 )
-def test_inboxes_never_fall_under_a_lease_key(lease_prefix: str, inbox_root: bytes) -> None:
-    assert default_inbox_prefix(lease_prefix) == inbox_root
-    with pytest.raises(ValueError, match="overlaps the lease prefix"):
-        EtcdInbox(EtcdLeaseProvider(prefix="/a/"), prefix="/a/inbox/")
+def test_inboxes_never_fall_under_a_lease_key(lease_prefix: str, root: bytes) -> None:
+    assert inbox_root(lease_prefix) == root
 
 
 async def test_a_failing_handler_releases_the_thread_and_keeps_its_messages(live: Live) -> None:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from etcd_leases import PermissionDenied, ProviderClosed
+from etcd_leases import BackendError, PermissionDenied, ProviderClosed
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.txn import Txn, delete, put
 from etcd_leases.etcd.watch import Watcher, WatchStream
@@ -199,6 +199,30 @@ async def test_a_thousand_watchers_share_one_stream(
         f"p99 {latencies[989] * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms"
     )
     assert latencies[-1] < 2.0
+
+
+async def test_a_range_watch_sees_every_key_in_it_and_a_refused_one_ends_once(
+    stream: WatchStream, client: EtcdClient
+) -> None:
+    base = new_key()
+    start = await current_revision(client) + 1
+    watcher = stream.watch(base + b"/", start, range_end=base + b"0")  # b"0" follows b"/"
+    # etcd refuses an empty range with a reason that is not about auth: the watcher
+    # ends with it, rather than being created again and again.
+    errors: list[Exception] = []
+    refused = stream.watch(base + b"/b", start, range_end=base + b"/a", on_error=errors.append)
+    await write(client, base + b"0", b"outside")  # would come first if it were seen
+    inside = [await write(client, base + b"/" + name, name) for name in (b"a", b"b")]
+    events: list[pb.Event] = []
+    while len(events) < len(inside):
+        events.extend(await next_batch(watcher))
+    assert summary(events) == [(PUT, b"a", inside[0]), (PUT, b"b", inside[1])]
+    await eventually(lambda: refused.ended)
+    assert isinstance(refused.error, BackendError) and "watcher range is empty" in str(
+        refused.error
+    )
+    assert errors == [refused.error]
+    assert watcher.registered and not watcher.ended
 
 
 async def test_cancel_stops_delivery(etcd: EtcdCluster, client: EtcdClient) -> None:

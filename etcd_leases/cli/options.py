@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import urllib.parse
 
 from etcd_leases.cli.exits import UsageError
 from etcd_leases.etcd.provider import DEFAULT_PREFIX
@@ -90,25 +89,6 @@ def ttl_ms(text: str) -> int:
     return max(1, round(duration(text) * 1000))
 
 
-def check_endpoints(text: str) -> list[str]:
-    """``[http(s)://]host:port`` items, comma-separated, each with a valid port."""
-    endpoints = [item.strip() for item in text.split(",") if item.strip()]
-    if not endpoints:
-        raise UsageError("--endpoints names no etcd member")
-    for endpoint in endpoints:
-        scheme, sep, rest = endpoint.partition("://")
-        if sep and scheme not in ("http", "https"):
-            raise UsageError(f"endpoint {endpoint!r}: the scheme must be http or https")
-        parts = urllib.parse.urlsplit("//" + (rest if sep else endpoint))
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        if not parts.hostname or port is None or port == 0 or parts.path not in ("", "/"):
-            raise UsageError(f"endpoint {endpoint!r} is not [http(s)://]host:port")
-    return endpoints
-
-
 def endpoints_given(args: argparse.Namespace) -> bool:
     return args.endpoints is not None or "ETCDCTL_ENDPOINTS" in os.environ
 
@@ -122,13 +102,11 @@ def connection_env(args: argparse.Namespace) -> dict[str, str]:
     """The connection as etcdctl's variables, for commands run on our behalf.
 
     Endpoints, prefix and TLS files; not the password (pass ``ETCDCTL_USER`` in the
-    environment if the command needs it: it inherits ours).
+    environment if the command needs it: it inherits ours). Read after
+    :func:`open_provider`, which refused what was malformed.
     """
-    env = {
-        "ETCDCTL_ENDPOINTS": ",".join(
-            check_endpoints(_setting(args, "endpoints", "ETCDCTL_ENDPOINTS") or DEFAULT_ENDPOINTS)
-        ),
-    }
+    endpoints = _setting(args, "endpoints", "ETCDCTL_ENDPOINTS") or DEFAULT_ENDPOINTS
+    env = {"ETCDCTL_ENDPOINTS": ",".join(filter(None, map(str.strip, endpoints.split(","))))}
     prefix = _setting(args, "prefix", "ETCD_LEASES_PREFIX")
     env["ETCD_LEASES_PREFIX"] = DEFAULT_PREFIX if prefix is None else prefix
     for flag, variable in (("tls_cacert", "CACERT"), ("tls_cert", "CERT"), ("tls_key", "KEY")):
@@ -140,18 +118,30 @@ def connection_env(args: argparse.Namespace) -> dict[str, str]:
 def open_provider(args: argparse.Namespace, **overrides: str) -> EtcdLeaseProvider:
     """The provider the flags and variables describe (it connects on first use).
 
-    ``overrides`` (``prefix``) win over both.
+    The library reads the variables and checks the endpoints (``from_env``); flags
+    win over variables, and ``overrides`` (``prefix``) over both.
     """
-    endpoints = check_endpoints(
-        _setting(args, "endpoints", "ETCDCTL_ENDPOINTS") or DEFAULT_ENDPOINTS
-    )
-    user = _setting(args, "user", "ETCDCTL_USER")
-    username = password = None
-    if user is not None:
-        username, sep, password = user.partition(":")
-        if not sep or not username:
-            raise UsageError("--user (ETCDCTL_USER) must be name:password")
-    timeout = args.command_timeout
+    flags = {
+        "endpoints": args.endpoints,
+        "prefix": args.prefix,
+        "ca_cert": args.tls_cacert,
+        "cert": args.tls_cert,
+        "key": args.tls_key,
+    }
+    options: dict[str, object] = {name: value for name, value in flags.items() if value is not None}
+    if args.user is not None:
+        username, sep, password = args.user.partition(":")
+        if not sep:
+            raise UsageError("--user must be name:password")
+        options["username"], options["password"] = username, password
+    options["timeout"] = _command_timeout(args)
+    options.update(overrides)
+    return EtcdLeaseProvider.from_env(**options)
+
+
+def _command_timeout(args: argparse.Namespace) -> float:
+    """``--command-timeout`` or ``ETCDCTL_COMMAND_TIMEOUT`` (etcdctl's), else 5 s."""
+    timeout: float | None = args.command_timeout
     if timeout is None and "ETCDCTL_COMMAND_TIMEOUT" in os.environ:
         try:
             timeout = duration(os.environ["ETCDCTL_COMMAND_TIMEOUT"])
@@ -159,14 +149,4 @@ def open_provider(args: argparse.Namespace, **overrides: str) -> EtcdLeaseProvid
             raise UsageError(f"ETCDCTL_COMMAND_TIMEOUT: {exc}") from None
     if timeout is not None and timeout <= 0:
         raise UsageError("--command-timeout must be more than 0")
-    prefix = overrides.get("prefix", _setting(args, "prefix", "ETCD_LEASES_PREFIX"))
-    return EtcdLeaseProvider(
-        endpoints,
-        prefix=DEFAULT_PREFIX if prefix is None else prefix,
-        timeout=5.0 if timeout is None else timeout,
-        username=username,
-        password=password,
-        ca_cert=_setting(args, "tls_cacert", "ETCDCTL_CACERT"),
-        cert=_setting(args, "tls_cert", "ETCDCTL_CERT"),
-        key=_setting(args, "tls_key", "ETCDCTL_KEY"),
-    )
+    return 5.0 if timeout is None else timeout

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,17 +87,32 @@ def parse_endpoints(endpoints: str | Sequence[str], *, tls: bool) -> list[Endpoi
     for item in items:
         if not isinstance(item, str):
             raise LeaseValueError(f"endpoints must be strings, got {type(item).__name__}")
-        for raw in item.split(","):
-            text = raw.strip()
-            scheme, sep, rest = text.partition("://")
-            if not sep:
-                scheme, rest = ("https" if tls else "http"), text
-            if scheme not in ("http", "https") or not rest or "/" in rest.rstrip("/"):
-                raise LeaseValueError(f"endpoints: cannot parse {raw!r} as [http(s)://]host:port")
-            parsed.append(Endpoint(rest.rstrip("/"), secure=scheme == "https"))
+        parsed.extend(_endpoint(text, tls=tls) for raw in item.split(",") if (text := raw.strip()))
     if not parsed:
         raise LeaseValueError("endpoints must name at least one etcd member")
     return parsed
+
+
+def _endpoint(text: str, *, tls: bool) -> Endpoint:
+    """One ``[http(s)://]host:port``; refused at once when malformed, since gRPC
+    would only fail when first called (and, with no port, try one of its own)."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = ("https" if tls else "http"), text
+    elif scheme not in ("http", "https"):
+        raise LeaseValueError(f"endpoints: {text!r}: the scheme must be http or https")
+    target = rest.rstrip("/")
+    parts = urllib.parse.urlsplit("//" + target)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    malformed = f"endpoints: {text!r} is not [http(s)://]host:port"
+    if not parts.hostname or parts.path or parts.query or parts.fragment or "@" in target:
+        raise LeaseValueError(malformed)
+    if not port:
+        raise LeaseValueError(f"{malformed}: it has no valid port")
+    return Endpoint(target, secure=scheme == "https")
 
 
 def _code(exc: grpc.aio.AioRpcError) -> grpc.StatusCode:
@@ -184,6 +200,8 @@ class EtcdClient:
             raise LeaseValueError("cert and key must be given together")
         if (username is None) != (password is None):
             raise LeaseValueError("username and password must be given together")
+        if username == "":
+            raise LeaseValueError("username must not be empty")
         tls = ca_cert is not None or cert is not None
         self._endpoints = parse_endpoints(endpoints, tls=tls)
         self.timeout = timeout

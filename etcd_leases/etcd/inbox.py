@@ -48,7 +48,7 @@ from etcd_leases.etcd.txn import (
     value_is,
 )
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
-from etcd_leases.inbox import InboxFull, Message, check_append, payload_bytes
+from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox
 
 
 class _SendQueue:
@@ -62,15 +62,20 @@ class _SendQueue:
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.users = 0
-        self.known = False
+        #: The thread's ``seq`` key as last seen (empty: there is none), once read.
         self.seq_kv: pb.KeyValue | None = None
+
+
+def _or_empty(kv: pb.KeyValue | None) -> pb.KeyValue:
+    """A key read: an absent one as an empty ``KeyValue`` (no value, mod_revision 0)."""
+    return kv if kv is not None else pb.KeyValue()
 
 
 class EtcdInbox:
     """The :class:`~etcd_leases.inbox.Inbox` capability on an :class:`EtcdBackend`."""
 
-    def __init__(self, backend: EtcdBackend, prefix: str | None = None) -> None:
-        self.keys = InboxKeys(backend.prefix, prefix)
+    def __init__(self, backend: EtcdBackend) -> None:
+        self.keys = InboxKeys(backend.prefix)
         self._backend = backend
         self._client = backend.client
         self._queues: dict[str, _SendQueue] = {}
@@ -81,13 +86,13 @@ class EtcdInbox:
     # The capability.
 
     async def append(self, thread: str, payload: bytes, max_pending: int) -> Message:
-        check_append(thread, payload, max_pending)
+        data = check_append(thread, payload, max_pending)
         self._client.check_open()
         queue = self._queues.setdefault(thread, _SendQueue())
         queue.users += 1
         try:
             async with queue.lock:
-                return await self._append(thread, payload_bytes(payload), max_pending, queue)
+                return await self._append(thread, data, max_pending, queue)
         finally:
             queue.users -= 1
             if not queue.users:
@@ -97,11 +102,12 @@ class EtcdInbox:
         self, thread: str, data: bytes, max_pending: int, queue: _SendQueue
     ) -> Message:
         seq_key, nonce = self.keys.seq(thread), secrets.token_hex(8)
-        if not queue.known:
-            queue.seq_kv, queue.known = await self._client.range(seq_key), True
+        seq_kv = queue.seq_kv
+        if seq_kv is None:
+            seq_kv = queue.seq_kv = _or_empty(await self._client.range(seq_key))
         while True:
-            last = int(queue.seq_kv.value.split()[0]) if queue.seq_kv is not None else 0
-            seen = queue.seq_kv.mod_revision if queue.seq_kv is not None else 0
+            last = int(seq_kv.value.split()[0]) if seq_kv.value else 0
+            seen = seq_kv.mod_revision
             key = self.keys.message(thread, last + 1, nonce)
             compares = [mod_revision_is(seq_key, seen)]
             if (oldest_allowed := last + 2 - max_pending) > 1:
@@ -116,11 +122,11 @@ class EtcdInbox:
                 .otherwise(get(seq_key), get(key))
             )
             response, answers_lost = await self._backend._send_copies(txn)
-            queue.seq_kv = first_kv(response)
-            ours = queue.seq_kv is not None and queue.seq_kv.value == seq_value
+            seq_kv = queue.seq_kv = _or_empty(first_kv(response))
+            ours = seq_kv.value == seq_value
             if response.succeeded or self._found(response, 1) or (answers_lost and ours):
                 return Message(thread, last + 1, data, id_of(key))
-            if (queue.seq_kv.mod_revision if queue.seq_kv is not None else 0) == seen:
+            if seq_kv.mod_revision == seen:
                 raise InboxFull(thread, max_pending)
             if answers_lost:
                 # A copy of ours may have landed, been acknowledged and been followed
@@ -141,6 +147,11 @@ class EtcdInbox:
         response = await self._range(self.keys.messages(thread))
         return [self._message(thread, kv) for kv in response.kvs]
 
+    async def count_pending(self, thread: str) -> int:
+        check_key(thread, "thread")
+        self._client.check_open()
+        return (await self._range(self.keys.messages(thread), count_only=True)).count
+
     async def watch(self, thread: str) -> AsyncGenerator[list[Message], None]:
         check_key(thread, "thread")
         self._client.check_open()
@@ -155,12 +166,24 @@ class EtcdInbox:
     async def ack(self, key: str, owner: str, token: int, message: Message) -> bool:
         check_key(key)
         check_owner(owner)
+        message_key = self._key_of(message)
         self._client.check_open()
         lease_key = self._backend.etcd_key(key)
         txn = Txn.when(mod_revision_is(lease_key, token), value_is(lease_key, owner.encode()))
         # Deleting an absent key succeeds, so a lost answer can be settled by asking again.
-        response, _ = await self._backend._send_copies(txn.then(delete(key_of(message.id))))
+        response, _ = await self._backend._send_copies(txn.then(delete(message_key)))
         return response.succeeded
+
+    def _key_of(self, message: Message) -> bytes:
+        """The etcd key of ``message``: never anything but one of its thread's messages."""
+        check_key(message.thread, "thread")
+        try:
+            message_key = key_of(message.id)
+        except UnicodeEncodeError:
+            raise not_in_inbox(message) from None
+        if not self.keys.is_message(message.thread, message_key):
+            raise not_in_inbox(message)
+        return message_key
 
     async def release_if_empty(self, key: str, owner: str, token: int, thread: str) -> bool:
         check_key(key)
@@ -198,9 +221,13 @@ class EtcdInbox:
                     if thread is not None:
                         yield thread
 
-    async def _range(self, start: bytes, keys_only: bool = False) -> pb.RangeResponse:
-        """Every key under ``start``, in key order (a linearizable read)."""
-        request = pb.RangeRequest(key=start, range_end=prefix_end(start), keys_only=keys_only)
+    async def _range(
+        self, start: bytes, keys_only: bool = False, *, count_only: bool = False
+    ) -> pb.RangeResponse:
+        """Every key under ``start``, in key order (a linearizable read), or their count."""
+        request = pb.RangeRequest(
+            key=start, range_end=prefix_end(start), keys_only=keys_only, count_only=count_only
+        )
         return await self._client.call("/etcdserverpb.KV/Range", request, pb.RangeResponse)
 
     async def _watch_range(

@@ -1,8 +1,8 @@
 """Where the threads' inboxes live in etcd: the key layout, and nothing else.
 
-Under the inbox root (by default beside the lease prefix: ``/etcd-leases.inbox/``)::
+Under the inbox root, beside the lease prefix (``/etcd-leases.inbox/``)::
 
-    seq/<thread>                          the thread's last seq, as decimal text
+    seq/<thread>                          "<last seq> <nonce of its send>"
     msg/<thread>/<seq, 20 digits>.<nonce> one message; its value is the payload
 
 where ``<thread>`` is the thread's UTF-8 bytes after their length (``0009/chat:42\\0x``),
@@ -12,13 +12,11 @@ the zero-padded seq makes key order seq order.
 
 from __future__ import annotations
 
-from etcd_leases.errors import LeaseValueError
-
 SEQ_DIGITS = 20
 
 
-def default_inbox_prefix(lease_prefix: str) -> bytes:
-    """Where inboxes go by default: beside the leases, never under a lease key.
+def inbox_root(lease_prefix: str) -> bytes:
+    """Where inboxes go: beside the leases, never under a lease key.
 
     ``/etcd-leases/`` -> ``/etcd-leases.inbox/``. A prefix without a final ``/``
     (or just ``/``) gets ``<prefix>\\xff.inbox/`` instead: no UTF-8 key has an 0xFF
@@ -33,15 +31,8 @@ def default_inbox_prefix(lease_prefix: str) -> bytes:
 class InboxKeys:
     """The etcd keys of every thread's inbox under one root."""
 
-    def __init__(self, lease_prefix: str, inbox_prefix: str | None = None) -> None:
-        if inbox_prefix is None:
-            self.root = default_inbox_prefix(lease_prefix)
-            return
-        self.root, leases = inbox_prefix.encode("utf-8"), lease_prefix.encode("utf-8")
-        if not self.root or self.root.startswith(leases) or leases.startswith(self.root):
-            raise LeaseValueError(
-                f"the inbox prefix {inbox_prefix!r} overlaps the lease prefix {lease_prefix!r}"
-            )
+    def __init__(self, lease_prefix: str) -> None:
+        self.root = inbox_root(lease_prefix)
 
     @staticmethod
     def _name(thread: str) -> bytes:
@@ -63,6 +54,13 @@ class InboxKeys:
 
     def message(self, thread: str, seq: int, nonce: str) -> bytes:
         return self.messages(thread) + b"%0*d.%s" % (SEQ_DIGITS, seq, nonce.encode())
+
+    def is_message(self, thread: str, key: bytes) -> bool:
+        """Whether ``key`` names one of ``thread``'s messages."""
+        prefix = self.messages(thread)
+        seq, dot, nonce = key[len(prefix) :].partition(b".")
+        digits = len(seq) == SEQ_DIGITS and seq.isdigit()
+        return key.startswith(prefix) and digits and bool(dot) and bool(nonce)
 
     def seq_of(self, thread: str, key: bytes) -> int:
         return int(key[len(self.messages(thread)) :][:SEQ_DIGITS])

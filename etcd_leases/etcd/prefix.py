@@ -1,25 +1,20 @@
 """Every lease key under a prefix, for operators: listed with TTLs, and watched.
 
 The provider answers for one key at a time; ``etcd-leases list`` and ``watch`` look
-at many. A watch here survives a broken stream or a compacted history by reading
-the prefix again and reporting what changed meanwhile, so no change of owner is
-missed (a change that came and went while disconnected may be).
+at many. A watch resumes from where it was when its stream breaks, so no change is
+missed; when history it still needed was compacted, it reads the prefix again and
+reports what changed meanwhile (a change that came and went then may be missed).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
 from dataclasses import dataclass
 
-import grpc.aio
-
-from etcd_leases.errors import BackendUnavailable, LeaseError, PermissionDenied, ProviderClosed
 from etcd_leases.etcd.client import EtcdClient, prefix_end
+from etcd_leases.etcd.watch import WatchStream
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
-
-_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -73,60 +68,40 @@ async def list_owners(client: EtcdClient, prefix: bytes, start: bytes = b"") -> 
 async def watch_owners(
     client: EtcdClient, prefix: bytes, start: bytes = b""
 ) -> AsyncGenerator[KeyOwner, None]:
-    """The owners under ``prefix`` (keys starting with ``start``), then each change."""
+    """The owners under ``prefix`` (keys starting with ``start``), then each change.
+
+    Watches through a :class:`WatchStream` of its own, which moves to another member
+    when the stream breaks or its member freezes, and backs off while it fails.
+    Raises what ends the watch: ``ProviderClosed``, ``PermissionDenied``, or another
+    ``LeaseError`` when etcd refuses the watch.
+    """
     known, revision = await read_prefix(client, prefix, start)
     for key in sorted(known):
         yield known[key]
-    while True:
-        try:
-            async with aclosing(_events(client, _range(prefix, start), revision + 1)) as events:
-                async for event in events:
-                    change = _owner(prefix, event.kv)
-                    if event.type == pb.Event.DELETE:
-                        change = KeyOwner(change.key, None, None)
-                        known.pop(change.key, None)
-                    else:
-                        known[change.key] = change
-                    revision = event.kv.mod_revision
-                    yield change
-        except (PermissionDenied, ProviderClosed):
-            raise
-        except LeaseError:
-            # client.error() has moved on from a member that failed.
-            await asyncio.sleep(_RETRY_S)
-        # Broken or compacted: catch up from a fresh read, reporting the differences.
-        now, revision = await read_prefix(client, prefix, start)
-        for key in sorted(known.keys() | now.keys()):
-            before, after = known.get(key), now.get(key)
-            if before != after:
-                yield after or KeyOwner(key, None, None)
-        known = now
-
-
-async def _events(
-    client: EtcdClient, keys: pb.RangeRequest, start_revision: int
-) -> AsyncGenerator[pb.Event, None]:
-    """Events of one watch stream; returns when history was compacted, raises if it breaks."""
-    call = client.watch_stream(await client.metadata())
-    create = pb.WatchCreateRequest(
-        key=keys.key, range_end=keys.range_end, start_revision=start_revision
-    )
+    keys = _range(prefix, start)
+    watches = WatchStream(client)
     try:
-        await call.write(pb.WatchRequest(create_request=create))
-        async for response in call:
-            if response.compact_revision or response.canceled:
-                if "permission denied" in response.cancel_reason:
-                    raise PermissionDenied(f"etcd: {response.cancel_reason}")
-                return
-            for event in response.events:
-                yield event
-    except asyncio.CancelledError as exc:
-        # gRPC cancels the call when the client closes; the task itself was not.
-        if (closed := client.closed_under(exc)) is not None:
-            raise closed from None
-        raise
-    except grpc.aio.AioRpcError as exc:
-        raise client.error(exc) from exc
+        watcher = watches.watch(keys.key, revision + 1, range_end=keys.range_end)
+        async for events in watcher:
+            if not events:
+                # History compacted: catch up from a fresh read, reporting the
+                # differences; events it already covers may still follow.
+                now, revision = await read_prefix(client, prefix, start)
+                for key in sorted(known.keys() | now.keys()):
+                    before, after = known.get(key), now.get(key)
+                    if before != after:
+                        yield after or KeyOwner(key, None, None)
+                known = now
+                continue
+            for event in events:
+                if event.kv.mod_revision <= revision:
+                    continue
+                change = _owner(prefix, event.kv)
+                if event.type == pb.Event.DELETE:
+                    change = KeyOwner(change.key, None, None)
+                    known.pop(change.key, None)
+                else:
+                    known[change.key] = change
+                yield change
     finally:
-        call.cancel()
-    raise BackendUnavailable("etcd ended the watch stream")
+        await watches.close()

@@ -7,7 +7,7 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator
 
-from etcd_leases.errors import LeaseError, LeaseLost
+from etcd_leases.errors import LeaseError, LeaseLost, LeaseValueError
 from etcd_leases.hold import HeldLease
 from etcd_leases.inbox import Inbox, Message
 
@@ -72,6 +72,11 @@ class ThreadMessages:
 
     async def ack(self, message: Message) -> None:
         """Remove ``message`` from the inbox, only while this run holds the thread."""
+        if message.thread != self.thread:
+            raise LeaseValueError(
+                f"message {message.seq} of thread {message.thread!r} is not {self.thread!r}'s: "
+                "a run acknowledges only its own thread's messages"
+            )
         lease = self._lease
         if lease.remaining() <= 0 or not await self._inbox.ack(
             lease.key, lease.owner, lease.token, message

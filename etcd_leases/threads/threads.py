@@ -171,7 +171,7 @@ class Threads:
             while True:
                 self._poked.discard(thread)
                 try:
-                    if not await self.provider.inbox.pending(thread):
+                    if not await self.provider.inbox.count_pending(thread):
                         if thread in self._poked:
                             continue  # a message came during the read
                         return
