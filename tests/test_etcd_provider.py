@@ -10,8 +10,8 @@ import pytest
 
 from etcd_leases import BackendUnavailable, EtcdLeaseProvider, LeaseValueError, ProviderClosed
 from etcd_leases.etcd.client import parse_endpoints
+from etcd_leases.etcd.keeper import EtcdKeeper
 from etcd_leases.etcd.pool import Grant
-from etcd_leases.etcd.provider import EtcdKeeper
 from etcd_leases.etcd.txn import Txn, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster

@@ -1,12 +1,14 @@
-"""EtcdBackend: each contract call as its etcd transaction(s).
+"""EtcdBackend: each contract call as one etcd transaction where it can be.
 
 The invariants (see the README's "How it maps onto etcd"):
 
-1. One etcd lease per tenure: revoking or keep-aliving it touches only that tenure.
+1. A lease carries at most one tenure at a time (pooled leases are reused only after
+   this process saw their key go), or is a session lease shared by ``hold``'s keys;
+   nothing revokes or deletes on the strength of a read without comparing it.
 2. Every ownership change is one compare-and-swap transaction.
 3. Reads that decide ownership are linearizable.
-4. Leases granted for attempts that lost, and of tenures that ended, are revoked.
-5. A write whose outcome is unknown is settled by re-reading the key.
+4. No lease leaks: a lease without a key goes back to its pool, or is revoked.
+5. A write whose outcome is unknown is settled by sending the same transaction again.
 6. The fencing token is the key's ``mod_revision``.
 7. The key's value is the owner, UTF-8, under ``prefix``.
 """
@@ -41,6 +43,7 @@ from etcd_leases.errors import (
 from etcd_leases.etcd.batch import TxnBatcher
 from etcd_leases.etcd.client import EtcdClient, is_session_lease, new_lease_id
 from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
+from etcd_leases.etcd.keeper import EtcdKeeper, owner_of
 from etcd_leases.etcd.pool import Grant, LeasePool
 from etcd_leases.etcd.session import Session, Sessions
 from etcd_leases.etcd.txn import (
@@ -53,7 +56,7 @@ from etcd_leases.etcd.txn import (
     put,
     value_is,
 )
-from etcd_leases.etcd.watch import Watcher, WatchStream
+from etcd_leases.etcd.watch import WatchStream
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 DEFAULT_PREFIX = "/etcd-leases/"
@@ -81,10 +84,6 @@ class Attached:
 def ttl_seconds(ttl_ms: int) -> int:
     """etcd counts whole seconds: round up, never down."""
     return -(-ttl_ms // 1000)
-
-
-def owner_of(kv: pb.KeyValue) -> str:
-    return kv.value.decode("utf-8", errors="replace")
 
 
 def state_of(kv: pb.KeyValue | None) -> OwnerState:
@@ -348,7 +347,7 @@ class EtcdBackend:
     def _session_tenure(
         self, owner: str, etcd_key: bytes, kv: pb.KeyValue, session: Session
     ) -> tuple[AcquireResult, EtcdKeeper]:
-        keeper = EtcdKeeper(self, etcd_key, session.kept, kv.mod_revision + 1, shared=True)
+        keeper = self._keeper(etcd_key, session.kept, kv.mod_revision + 1, shared=True)
         return AcquireResult(True, owner, kv.mod_revision, session.ttl_s * 1000), keeper
 
     async def _settle_session_put(
@@ -379,7 +378,14 @@ class EtcdBackend:
             raise LeaseLost(f"{owner!r} no longer holds {key!r} with token {token}")
         shared = self._sessions.is_session(kv.lease)
         kept = self._keepalive.keep(kv.lease, ttl_seconds(ttl_ms), valid_until)
-        return EtcdKeeper(self, etcd_key, kept, revision + 1, shared=shared)
+        return self._keeper(etcd_key, kept, revision + 1, shared=shared)
+
+    def _keeper(
+        self, etcd_key: bytes, kept: KeptLease, watch_from: int, *, shared: bool
+    ) -> EtcdKeeper:
+        return EtcdKeeper(
+            etcd_key, kept, watch_from, self._watches, self._keepalive, self._client, shared=shared
+        )
 
     async def put_fenced(
         self, key: str, owner: str, token: int, data_key: str, value: bytes
@@ -503,12 +509,12 @@ class EtcdBackend:
         else:
             self._in_background(self._revoke_quietly(lease_id))
 
-    async def _renew(self, lease_id: int) -> bool:
-        """Renew ``lease_id`` once over the shared stream; whether it is still alive."""
+    async def _renew(self, lease_id: int) -> int:
+        """Renew ``lease_id`` once over the shared stream; its TTL (s), 0 if it is gone."""
         sent_at, ttl_s = await self._keepalive.renew_once(lease_id, self._client.timeout)
         if ttl_s > 0:
             self._pool.renewed(lease_id, sent_at + ttl_s)
-        return ttl_s > 0
+        return ttl_s
 
     async def _attach(
         self, txn: Txn, grant: Grant, started: float, *, replaces: int | None = None
@@ -523,12 +529,12 @@ class EtcdBackend:
         a create): an interrupted create is undone, an interrupted move is settled in
         the background and keeps whichever tenure it left, so the key is never free.
         """
-        renewal = None
+        renewal: asyncio.Future[int] | None = None
         if grant.valid_until < started + grant.ttl_s:
             renewal = asyncio.ensure_future(self._renew(grant.lease_id))
         try:
             kv = await self._cas(txn)
-            alive = renewal is None or await renewal
+            alive = renewal is None or await renewal > 0
         except BaseException as exc:
             if renewal is not None:
                 renewal.cancel()
@@ -590,10 +596,9 @@ class EtcdBackend:
         """
         if not kv.lease:  # written by hand without a lease: give it one
             return await self._move(etcd_key, kv, value, ttl_ms, started)
-        sent_at, granted = await self._keepalive.renew_once(kv.lease, self._client.timeout)
+        granted = await self._renew(kv.lease)
         if granted <= 0:  # the lease is gone: so is the tenure
             return None
-        self._pool.renewed(kv.lease, sent_at + granted)
         if granted != self._ttl_s(ttl_ms):
             # Another TTL needs another lease, unless etcd rounds both alike (its
             # minimum TTL, which this process may not have learnt yet).
@@ -624,74 +629,3 @@ class EtcdBackend:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._background.add(task)  # a reference, so the task is not collected
         task.add_done_callback(self._background.discard)
-
-
-class EtcdKeeper:
-    """A tenure kept alive on the provider's keep-alive stream, its key watched.
-
-    Any event on the key ends the tenure: renewals do not write, so an event is a
-    transfer, a release, an expiry or a delete by anyone. So does the loss of its
-    lease, which may be ``shared`` with other keys (a session lease): then ending
-    this tenure leaves the lease to them.
-    """
-
-    def __init__(
-        self,
-        backend: EtcdBackend,
-        etcd_key: bytes,
-        kept: KeptLease,
-        watch_from: int,
-        *,
-        shared: bool,
-    ) -> None:
-        self._backend = backend
-        self._etcd_key = etcd_key
-        self._kept = kept
-        self._shared = shared
-        self.lost = asyncio.Event()
-        self.lost_reason: str | None = None
-        self._recheck: asyncio.Task[None] | None = None  # referenced, so not collected
-        self._watcher: Watcher = backend._watches.watch(
-            etcd_key,
-            watch_from,
-            on_events=self._on_events,
-            # Without its watch a tenure cannot be vouched for within milliseconds.
-            on_error=lambda exc: self.lose(f"the key's watch failed: {exc}"),
-        )
-        kept.add_loss_callback(self._on_lease_lost)
-
-    def remaining(self) -> float:
-        return 0.0 if self.lost.is_set() else self._kept.remaining()
-
-    def lose(self, reason: str) -> None:
-        if self.lost.is_set():
-            return
-        # The reason first: whoever wakes up on ``lost`` reads it.
-        self.lost_reason = reason
-        self.lost.set()
-        self._watcher.cancel()
-        self._kept.remove_loss_callback(self._on_lease_lost)
-        if not self._shared:
-            self._backend._keepalive.release(self._kept)
-
-    def _on_lease_lost(self, kept: KeptLease) -> None:
-        self.lose(kept.lost_reason or "its lease was lost")
-
-    def _on_events(self, events: list[pb.Event]) -> None:
-        if not events:  # history compacted away: re-read to know
-            self._recheck = asyncio.get_running_loop().create_task(self._reread())
-            return
-        last = events[-1]
-        if last.type == pb.Event.DELETE:
-            self.lose("the key was released, deleted or expired")
-        else:
-            self.lose(f"the key was handed to {owner_of(last.kv)!r}")
-
-    async def _reread(self) -> None:
-        try:
-            kv = await self._backend.client.range(self._etcd_key)
-        except LeaseError as exc:
-            self.lose(f"could not re-read the key: {exc}")
-            return
-        if kv is None or kv.lease != self._kept.lease_id:
-            self.lose("the key changed while its watch history was compacted")

@@ -1,0 +1,89 @@
+"""EtcdKeeper: one held tenure, its lease renewed and its key watched."""
+
+from __future__ import annotations
+
+import asyncio
+
+from etcd_leases.errors import LeaseError
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
+from etcd_leases.etcd.watch import Watcher, WatchStream
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+
+
+def owner_of(kv: pb.KeyValue) -> str:
+    return kv.value.decode("utf-8", errors="replace")
+
+
+class EtcdKeeper:
+    """A tenure kept alive on the provider's keep-alive stream, its key watched.
+
+    Any event on the key ends the tenure: renewals do not write, so an event is a
+    transfer, a release, an expiry or a delete by anyone. So does the loss of its
+    lease, which may be ``shared`` with other keys (a session lease): then ending
+    this tenure leaves the lease to them.
+    """
+
+    def __init__(
+        self,
+        etcd_key: bytes,
+        kept: KeptLease,
+        watch_from: int,
+        watches: WatchStream,
+        keepalive: KeepAliveLoop,
+        client: EtcdClient,
+        *,
+        shared: bool,
+    ) -> None:
+        self._etcd_key = etcd_key
+        self._keepalive = keepalive
+        self._client = client
+        self._kept = kept
+        self._shared = shared
+        self.lost = asyncio.Event()
+        self.lost_reason: str | None = None
+        self._recheck: asyncio.Task[None] | None = None  # referenced, so not collected
+        self._watcher: Watcher = watches.watch(
+            etcd_key,
+            watch_from,
+            on_events=self._on_events,
+            # Without its watch a tenure cannot be vouched for within milliseconds.
+            on_error=lambda exc: self.lose(f"the key's watch failed: {exc}"),
+        )
+        kept.add_loss_callback(self._on_lease_lost)
+
+    def remaining(self) -> float:
+        return 0.0 if self.lost.is_set() else self._kept.remaining()
+
+    def lose(self, reason: str) -> None:
+        if self.lost.is_set():
+            return
+        # The reason first: whoever wakes up on ``lost`` reads it.
+        self.lost_reason = reason
+        self.lost.set()
+        self._watcher.cancel()
+        self._kept.remove_loss_callback(self._on_lease_lost)
+        if not self._shared:
+            self._keepalive.release(self._kept)
+
+    def _on_lease_lost(self, kept: KeptLease) -> None:
+        self.lose(kept.lost_reason or "its lease was lost")
+
+    def _on_events(self, events: list[pb.Event]) -> None:
+        if not events:  # history compacted away: re-read to know
+            self._recheck = asyncio.get_running_loop().create_task(self._reread())
+            return
+        last = events[-1]
+        if last.type == pb.Event.DELETE:
+            self.lose("the key was released, deleted or expired")
+        else:
+            self.lose(f"the key was handed to {owner_of(last.kv)!r}")
+
+    async def _reread(self) -> None:
+        try:
+            kv = await self._client.range(self._etcd_key)
+        except LeaseError as exc:
+            self.lose(f"could not re-read the key: {exc}")
+            return
+        if kv is None or kv.lease != self._kept.lease_id:
+            self.lose("the key changed while its watch history was compacted")
