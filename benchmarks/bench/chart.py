@@ -38,6 +38,8 @@ def write_chart(results: dict[str, Any], path: Path) -> None:
             label=name,
         )
     throughput_axis.set_xscale("log", base=2)
+    levels_run = sorted({int(t) for by_level in results["throughput"].values() for t in by_level})
+    throughput_axis.set_xticks(levels_run, [str(t) for t in levels_run])
     throughput_axis.set_yscale("log")
     throughput_axis.set_xlabel("concurrent tasks (threads for python3-etcd3)")
     throughput_axis.set_ylabel("acquire+release cycles/s, distinct keys")
