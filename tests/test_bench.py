@@ -177,6 +177,7 @@ def test_report_files_hold_the_figures(results: dict[str, Any], tmp_path: Path) 
     assert "| etcd_leases | 1,234 | 4,936 |" in markdown
     assert "| 5,000 | 3 | loaded | 0.200 |" in markdown
     assert "etcd-client-py is not installed" in markdown
+    assert "- aetcd Lock: aetcd\n" in markdown  # what each client's cycle sends
     assert "| 5,000 leases @ 3 s, two CPU hogs: lost | 7.000 | 0 | NO |" in markdown
     assert (tmp_path / "results.png").read_bytes().startswith(b"\x89PNG")
     assert len(tables(results)) == 6

@@ -23,6 +23,7 @@ class Table:
     title: str
     header: list[str]
     rows: list[list[str]]
+    notes: tuple[str, ...] = ()
 
 
 def fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -48,7 +49,8 @@ def cycle_table(results: dict[str, Any]) -> Table:
         for name, row in results["cycle"].items()
     ]
     header = ["client", "p50 ms", "p99 ms", "its p50 / ours"]
-    return Table("Sequential acquire+release cycle (above 1: ours is faster)", header, rows)
+    notes = tuple(f"{name}: {row['does']}" for name, row in results["cycle"].items())
+    return Table("Sequential acquire+release cycle (above 1: ours is faster)", header, rows, notes)
 
 
 def throughput_table(results: dict[str, Any]) -> Table:
@@ -123,6 +125,8 @@ def print_table(table: Table) -> None:
         cells = [row[0].ljust(widths[0])]
         cells += [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)]
         print("  " + "  ".join(cells).rstrip())
+    for note in table.notes:
+        print(f"  - {note}")
     sys.stdout.flush()
 
 
@@ -132,7 +136,8 @@ def markdown(table: Table) -> str:
 
     aligns = ["---", *("---:" for _ in table.header[1:])]
     body = [line(table.header), line(aligns), *(line(row) for row in table.rows)]
-    return f"### {table.title}\n\n" + "\n".join(body) + "\n"
+    notes = "".join(f"- {note}\n" for note in table.notes)
+    return f"### {table.title}\n\n" + "\n".join(body) + "\n" + (f"\n{notes}" if notes else "")
 
 
 def write_markdown(results: dict[str, Any], path: Path) -> None:
