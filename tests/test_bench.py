@@ -97,6 +97,7 @@ def results() -> dict[str, Any]:
         },
         "keepalive": [hold_case(10_000, 15.0, 0.031, 0), hold_case(5_000, 3.0, 0.2, 7)],
         "takeover": latency(9.5, 12.0),
+        "loss_detection": latency(4.5, 6.0),
         "races": {"racers": 20, "rounds": 3, **latency(17.0, 19.0)},
         "skipped": {"etcd-client-py with_lock": "etcd-client-py is not installed"},
         "errors": [],
@@ -177,7 +178,10 @@ def test_report_files_hold_the_figures(results: dict[str, Any], tmp_path: Path) 
     assert "| etcd_leases | 1,234 | 4,936 |" in markdown
     assert "| 5,000 | 3 | loaded | 0.200 |" in markdown
     assert "etcd-client-py is not installed" in markdown
-    assert "- aetcd Lock: aetcd\n" in markdown  # what each client's cycle sends
+    assert "- aetcd Lock: aetcd\n" in markdown
+    assert (
+        "| loss: another client's transfer called -> lease.lost | 4.50 | 6.00 |" in markdown
+    )  # what each client's cycle sends
     assert "| 5,000 leases @ 3 s, two CPU hogs: lost | 7.000 | 0 | NO |" in markdown
     assert (tmp_path / "results.png").read_bytes().startswith(b"\x89PNG")
     assert len(tables(results)) == 6

@@ -27,7 +27,7 @@ from .cycles import Peers, sequential_cycles, throughput
 from .etcd_metrics import EtcdMetrics
 from .keepalive import measure_case
 from .report import print_table, tables, write_json, write_markdown
-from .takeover import check_races, measure_takeover
+from .takeover import check_races, measure_loss_detection, measure_takeover
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results"
 PACKAGES = ("etcd-leases", "grpcio", "python3-etcd3", "aetcd", "etcd-client-py", "redis")
@@ -78,6 +78,10 @@ async def run_sections(
     results["races"] = await check_races(endpoint, prefix, cfg.racers, cfg.races, checks)
     section("takeover")
     results["takeover"] = await measure_takeover(endpoint, prefix, cfg.takeovers, checks)
+    section("loss detection")
+    results["loss_detection"] = await measure_loss_detection(
+        endpoint, prefix, cfg.takeovers, checks
+    )
     section("peers")
     peers = Peers(checks)
     try:

@@ -87,14 +87,16 @@ def keepalive_table(results: dict[str, Any]) -> Table:
 
 
 def other_table(results: dict[str, Any]) -> Table:
-    takeover, race = results["takeover"], results["races"]
+    takeover, loss, race = results["takeover"], results["loss_detection"], results["races"]
     rows = [
         ["takeover: holder leaves hold -> waiter inside", fmt(takeover["p50_ms"]),
          fmt(takeover["p99_ms"])],
+        ["loss: another client's transfer called -> lease.lost", fmt(loss["p50_ms"]),
+         fmt(loss["p99_ms"])],
         [f"{race['racers']} providers race for one key: all answered",
          fmt(race["p50_ms"]), fmt(race["p99_ms"])],
     ]  # fmt: skip
-    return Table("Takeover and races", ["", "p50 ms", "p99 ms"], rows)
+    return Table("Takeover, loss detection, races", ["", "p50 ms", "p99 ms"], rows)
 
 
 def goals_table(results: dict[str, Any]) -> Table:

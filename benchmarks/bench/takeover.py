@@ -1,7 +1,9 @@
-"""Takeover: the holder leaves its ``hold`` block -> a waiter's ``hold(wait=True)`` is in.
+"""Hand-overs between providers: takeover, loss detection, and a race for one key.
 
-The waiter runs on another provider (its own connection, as another process
+Takeover: the holder leaves its ``hold`` block -> a waiter's ``hold(wait=True)`` is
+in. The waiter runs on another provider (its own connection, as another process
 would), already waiting: this times the hand-over, not the waiter's start-up.
+Loss detection: another client transfers a held key -> the holder's ``lease.lost``.
 """
 
 from __future__ import annotations
@@ -74,3 +76,33 @@ async def check_races(
     finally:
         await asyncio.gather(*(p.close() for p in providers))
     return {"racers": racers, "rounds": rounds, **Latency.of(answered).as_dict()}
+
+
+async def stamp_when_set(event: asyncio.Event) -> float:
+    """``perf_counter()`` when ``event`` is set, caught by a task of its own even while
+    the caller still waits on the call that set it."""
+    await event.wait()
+    return time.perf_counter()
+
+
+async def measure_loss_detection(
+    endpoint: str, prefix: str, rounds: int, checks: Checks
+) -> dict[str, Any]:
+    """Another client's ``transfer_lease`` called -> the holder's ``lease.lost`` set."""
+    detections: list[float] = []
+    key = "loss"
+    async with (
+        EtcdLeaseProvider(endpoint, prefix=prefix) as holder,
+        EtcdLeaseProvider(endpoint, prefix=prefix) as thief,
+    ):
+        await asyncio.gather(holder.get_lease_owner(key), thief.get_lease_owner(key))
+        for _ in range(rounds + 1):  # the first round warms up
+            async with holder.hold(key, "holder", TTL_MS) as lease:
+                await asyncio.sleep(SETTLE_S)  # the lease's watch is up: time detection only
+                lost_at = asyncio.create_task(stamp_when_set(lease.lost))
+                start = time.perf_counter()
+                moved = await thief.transfer_lease(key, "holder", "thief", TTL_MS)
+                checks.check(moved, "loss: the other client could not transfer the key")
+                detections.append(await asyncio.wait_for(lost_at, timeout=10) - start)
+            await thief.release_lease(key, "thief")
+    return Latency.of(detections[1:]).as_dict()
