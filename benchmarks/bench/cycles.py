@@ -112,24 +112,57 @@ async def throughput(
 ) -> dict[str, dict[str, dict[str, float | None]]]:
     """Cycles/s on distinct keys from N tasks (threads for blocking peers), per peer.
 
+    Each level is split into ``cfg.passes`` passes that take turns among the peers.
     Also the CPU of the client and of etcd while it ran: who is busy tells who limits.
     """
     results: dict[str, dict[str, dict[str, float | None]]] = {}
-    for turn, tasks in enumerate(cfg.concurrency):
-        for peer in peers.in_turn(turn):
-            keys = [f"tp/{slug(peer)}/{tasks}/{i}" for i in range(tasks)]
-            meter = CpuMeter(etcd_pid, peer.pid)
-            start = time.perf_counter()
-            done = await peers.attempt(peer, peer.cycles_until(keys, cfg.seconds_per_level))
-            if done is None:
-                continue
-            # Until the last task's last cycle ends, a little past the deadline.
-            elapsed = time.perf_counter() - start
-            client_cpu, etcd_cpu = meter.per_second(elapsed)
-            results.setdefault(peer.name, {})[str(tasks)] = {
-                "cycles_per_s": done / elapsed,
-                "cpu": client_cpu,
-                "etcd_cpu": etcd_cpu,
-            }
-            print(f"  {peer.name:<28} {tasks:>4} tasks: {done / elapsed:8,.0f} cycles/s")
+    for level, tasks in enumerate(cfg.concurrency):
+        totals: dict[str, Window] = {}
+        for turn in range(cfg.passes):
+            for peer in peers.in_turn(level + turn):
+                keys = [f"tp/{slug(peer)}/{tasks}/{i}" for i in range(tasks)]
+                meter = CpuMeter(etcd_pid, peer.pid)
+                start = time.perf_counter()
+                seconds = cfg.seconds_per_level / cfg.passes
+                done = await peers.attempt(peer, peer.cycles_until(keys, seconds))
+                if done is None:
+                    totals.pop(peer.name, None)
+                    continue
+                # Until the last task's last cycle ends, a little past the deadline.
+                elapsed = time.perf_counter() - start
+                totals.setdefault(peer.name, Window()).add(done, elapsed, meter)
+        for name, window in totals.items():
+            results.setdefault(name, {})[str(tasks)] = window.figures()
+            print(f"  {name:<28} {tasks:>4} tasks: {window.cycles_per_s():8,.0f} cycles/s")
     return results
+
+
+class Window:
+    """Cycles, wall time and CPU of one peer at one level, added up over its passes."""
+
+    def __init__(self) -> None:
+        self.cycles = 0
+        self.seconds = 0.0
+        self.client_cpu: float | None = 0.0
+        self.etcd_cpu: float | None = 0.0
+
+    def add(self, cycles: int, seconds: float, meter: CpuMeter) -> None:
+        client, etcd = meter.per_second(seconds)
+        self.cycles += cycles
+        self.seconds += seconds
+        self.client_cpu = _add(self.client_cpu, client, seconds)
+        self.etcd_cpu = _add(self.etcd_cpu, etcd, seconds)
+
+    def cycles_per_s(self) -> float:
+        return self.cycles / self.seconds
+
+    def figures(self) -> dict[str, float | None]:
+        return {
+            "cycles_per_s": self.cycles_per_s(),
+            "cpu": None if self.client_cpu is None else self.client_cpu / self.seconds,
+            "etcd_cpu": None if self.etcd_cpu is None else self.etcd_cpu / self.seconds,
+        }
+
+
+def _add(total: float | None, per_second: float | None, seconds: float) -> float | None:
+    return None if total is None or per_second is None else total + per_second * seconds
