@@ -6,6 +6,7 @@ a busy neighbour or a warming disk hits every peer alike.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Awaitable
@@ -24,6 +25,9 @@ from .peers.redis_lock import RedisLock
 from .stats import CpuMeter, Latency, split_evenly
 
 T = TypeVar("T")
+
+# Past its work's own length, how long a peer may take before it counts as hung.
+HANG_S = 60.0
 
 PEER_FACTORIES: tuple[PeerFactory, ...] = (
     OurProvider,
@@ -71,13 +75,16 @@ class Peers:
         if peer in self.running:
             self.running.remove(peer)
 
-    async def attempt(self, peer: Peer, work: Awaitable[T]) -> T | None:
-        """``work``'s result, or ``None`` once the peer is dropped for failing it."""
+    async def attempt(self, peer: Peer, work: Awaitable[T], timeout: float) -> T | None:
+        """``work``'s result, or ``None`` once the peer is dropped for failing it, or for
+        not finishing in ``timeout`` seconds (a hung client must not hang the run)."""
         try:
-            return await work
+            return await asyncio.wait_for(work, timeout)
         except CorrectnessError as exc:
             self._checks.error(str(exc))
             self._drop(peer, f"answered wrongly: {exc}")
+        except TimeoutError:
+            self._drop(peer, f"hung: not done in {timeout:g} s")
         except Exception as exc:
             self._drop(peer, f"failed: {type(exc).__name__}: {exc}")
         return None
@@ -97,7 +104,8 @@ async def sequential_cycles(peers: Peers, cfg: Config) -> dict[str, dict[str, An
     samples: dict[str, list[float]] = {}
     for turn, per_pass in enumerate([WARMUP_ROUNDS, *split_evenly(cfg.cycle_rounds, cfg.passes)]):
         for peer in peers.in_turn(turn):
-            taken = await peers.attempt(peer, peer.timed_cycles([f"seq/{slug(peer)}"] * per_pass))
+            keys = [f"seq/{slug(peer)}"] * per_pass
+            taken = await peers.attempt(peer, peer.timed_cycles(keys), HANG_S + per_pass)
             if taken is not None and turn > 0:  # the first pass warms up
                 samples.setdefault(peer.name, []).extend(taken)
     return {
@@ -124,7 +132,7 @@ async def throughput(
                 meter = CpuMeter(etcd_pid, peer.pid)
                 start = time.perf_counter()
                 seconds = cfg.seconds_per_level / cfg.passes
-                done = await peers.attempt(peer, peer.cycles_until(keys, seconds))
+                done = await peers.attempt(peer, peer.cycles_until(keys, seconds), HANG_S + seconds)
                 if done is None:
                     totals.pop(peer.name, None)
                     continue

@@ -35,6 +35,8 @@ class HeldLeases:
         self.leases: list[HeldLease] = []
         self.not_taken: list[str] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._settled = 0  # blocks entered, or failed to
+        self._all_settled = asyncio.Event()
 
     async def _hold(self, i: int) -> None:
         holding: AbstractAsyncContextManager[HeldLease] = self._provider.hold(
@@ -46,6 +48,10 @@ class HeldLeases:
             except LeaseError as exc:
                 self.not_taken.append(f"{type(exc).__name__}: {exc}")
                 return
+            finally:
+                self._settled += 1
+                if self._settled == self._case.leases:
+                    self._all_settled.set()
         self.leases.append(lease)
         await self._stop.wait()
         async with self._admission:
@@ -55,10 +61,7 @@ class HeldLeases:
         """Enter every block; seconds it took."""
         start = time.perf_counter()
         self._tasks = [asyncio.create_task(self._hold(i)) for i in range(self._case.leases)]
-        while len(self.leases) + len(self.not_taken) < self._case.leases:
-            if any(task.done() and task.exception() for task in self._tasks):
-                break
-            await asyncio.sleep(0.05)
+        await self._all_settled.wait()  # any other error than LeaseError surfaces in leave()
         return time.perf_counter() - start
 
     def lost(self) -> list[HeldLease]:

@@ -100,8 +100,12 @@ class ThreadPeer(Peer):
             return done
 
         loop_ = asyncio.get_running_loop()
-        with ThreadPoolExecutor(max_workers=len(keys)) as pool:
+        pool = ThreadPoolExecutor(max_workers=len(keys))
+        try:
             counts = await asyncio.gather(*(loop_.run_in_executor(pool, loop, k) for k in keys))
+        finally:
+            # Never wait here for a hung thread: the event loop would hang with it.
+            pool.shutdown(wait=False, cancel_futures=True)
         return sum(counts)
 
 

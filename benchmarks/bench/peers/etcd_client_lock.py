@@ -13,8 +13,8 @@ NAME = "etcd-client-py with_lock"
 class EtcdClientLock(AsyncPeer):
     name = NAME
     does = (
-        "with_lock(EtcdLockOption(ttl)): connects, LeaseGrant, etcd's Lock RPC;"
-        " on exit Unlock, LeaseRevoke (inside the Rust client)"
+        "with_lock(EtcdLockOption(ttl)): a new connection, LeaseGrant, a keep-alive stream,"
+        " etcd's Lock RPC; on exit another connection, LeaseRevoke (inside the Rust client)"
     )
 
     def __init__(self, endpoint: str, prefix: str) -> None:
@@ -23,6 +23,7 @@ class EtcdClientLock(AsyncPeer):
         self._prefix = prefix
         self._client: Any = None
         self._option: Any = None
+        self._session: Any = None
 
     async def open(self) -> None:
         try:
@@ -31,6 +32,15 @@ class EtcdClientLock(AsyncPeer):
             raise Skipped(f"etcd-client-py is not installed ({exc})") from None
         self._client = etcd_client.Client([self._url])
         self._option = etcd_client.EtcdLockOption
+        # A connection held open for the peer's life, as an application would: the
+        # library shuts its tokio runtime down whenever its last open context exits,
+        # which per cycle costs a runtime restart, and at times hung for good.
+        self._session = self._client.connect()
+        await self._session.__aenter__()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.__aexit__(None, None, None)
 
     async def cycle(self, key: str) -> None:
         # Its lock API gives no result to check: the block is entered once locked.
