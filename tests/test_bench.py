@@ -184,7 +184,8 @@ def test_report_files_hold_the_figures(results: dict[str, Any], tmp_path: Path) 
     )  # what each client's cycle sends
     assert "| 5,000 leases @ 3 s, two CPU hogs: lost | 7.000 | 0 | NO |" in markdown
     assert (tmp_path / "results.png").read_bytes().startswith(b"\x89PNG")
-    assert len(tables(results)) == 6
+    assert "| bare gRPC grant+txn+revoke | 2.47x | 2.47x | 2.47x | 2.47x |" in markdown
+    assert len(tables(results)) == 7
 
 
 @pytest.mark.skipif(not os.environ.get("BENCH_SMOKE"), reason="minutes long: set BENCH_SMOKE=1")

@@ -70,6 +70,23 @@ def throughput_table(results: dict[str, Any]) -> Table:
     return Table("Cycles/s on distinct keys (CPU in seconds per second)", header, rows)
 
 
+def throughput_ratio_table(results: dict[str, Any]) -> Table:
+    levels = sorted({int(t) for by_level in results["throughput"].values() for t in by_level})
+    ours = results["throughput"].get(OURS, {})
+
+    def rate(by_level: dict[str, Any], tasks: int) -> float | None:
+        value = by_level.get(str(tasks), {}).get("cycles_per_s")
+        return None if value is None else float(value)
+
+    rows = [
+        [name, *(fmt(ratio(rate(ours, t), rate(by_level, t)), 2, "x") for t in levels)]
+        for name, by_level in results["throughput"].items()
+        if name != OURS
+    ]
+    header = ["ours / it", *(f"{t} tasks" for t in levels)]
+    return Table("Cycles/s, ours against each client at the same concurrency", header, rows)
+
+
 def keepalive_table(results: dict[str, Any]) -> Table:
     rows = []
     for case in results["keepalive"]:
@@ -112,6 +129,7 @@ def tables(results: dict[str, Any]) -> list[Table]:
         calls_table(results),
         cycle_table(results),
         throughput_table(results),
+        throughput_ratio_table(results),
         keepalive_table(results),
         other_table(results),
         goals_table(results),
