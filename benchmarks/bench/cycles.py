@@ -58,9 +58,11 @@ class Peers:
             peer = make_peer(endpoint, prefix)
             try:
                 await peer.open()
-            except Skipped as exc:
+            except Exception as exc:  # Skipped says why; anything else is a failed start
                 await peer.close()
-                self._drop(peer, str(exc))
+                self._drop(
+                    peer, str(exc) if isinstance(exc, Skipped) else f"did not start: {exc!r}"
+                )
                 continue
             self.running.append(peer)
             self._opened.append(peer)
