@@ -7,6 +7,7 @@ a busy neighbour or a warming disk hits every peer alike.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import Awaitable
@@ -59,7 +60,8 @@ class Peers:
             try:
                 await peer.open()
             except Exception as exc:  # Skipped says why; anything else is a failed start
-                await peer.close()
+                with contextlib.suppress(Exception):  # half open: free what it took
+                    await peer.close()
                 self._drop(
                     peer, str(exc) if isinstance(exc, Skipped) else f"did not start: {exc!r}"
                 )
