@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m benchmarks.bench`` (leases), ``python benchmarks/threads.py``."""
