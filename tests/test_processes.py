@@ -148,6 +148,8 @@ async def test_etcdctl_delete_is_seen_at_once(
 
 @pytest.mark.timeout(300)
 async def test_five_thousand_leases_held_through_one_stream(etcd: EtcdCluster) -> None:
+    """Issue 9: 5,000 held keys (TTL 3 s) survive a loaded host: they share one session
+    lease, so renewal does not grow with their number (1,700-3,000 lost before)."""
     async with (
         EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider,
         contextlib.AsyncExitStack() as stack,
@@ -157,12 +159,12 @@ async def test_five_thousand_leases_held_through_one_stream(etcd: EtcdCluster) -
         for batch in range(50):
             leases += await asyncio.gather(
                 *(
-                    stack.enter_async_context(provider.hold(f"k{batch}-{i}", "me", 5000))
+                    stack.enter_async_context(provider.hold(f"k{batch}-{i}", "me", 3000))
                     for i in range(100)
                 )
             )
         print(f"5,000 holds taken in {time.monotonic() - started:.1f} s")
-        await asyncio.sleep(11)  # over two TTLs
+        await asyncio.sleep(7)  # over two TTLs
         lost = [(lease.key, lease.lost_reason) for lease in leases if lease.lost.is_set()]
         assert not lost, (len(lost), lost[:5])
         assert all(lease.remaining() > 0 for lease in leases)
