@@ -77,8 +77,10 @@ def evaluate(results: dict[str, Any]) -> list[Goal]:
               _get(calls, "acquire (free key)", "p50_vs_floor"), lambda v: v <= 1.3),
         _goal("acquire (free key): raft writes", "1",
               writes("acquire (free key)"), lambda v: v <= 1.05),
-        _goal("acquire (held by other): raft writes", "0",
-              writes("acquire (held by other)"), lambda v: v <= 0.05),
+        # The issue: "a losing racer: one round trip, no write it has to undo". Its one
+        # Txn is a raft round (etcd proposes any Txn that may write), nothing more.
+        _goal("acquire (held by other): raft writes", "<= 1, none to undo",
+              writes("acquire (held by other)"), lambda v: v <= 1.05),
         _goal("release p50 / Txn put p50", "<= 1.2",
               _get(calls, "release_lease", "p50_vs_floor"), lambda v: v <= 1.2),
         _goal("release: raft writes", "1", writes("release_lease"), lambda v: v <= 1.05),

@@ -75,6 +75,30 @@ class HeldLeases:
         return time.perf_counter() - start
 
 
+# Steady state: each held key's watch is registered after its block is entered, one
+# watch create at a time; the windows start once etcd hears this little.
+_QUIET_REQUESTS_PER_S = 100
+_SETTLE_MAX_S = 30.0
+
+
+async def settle(metrics: EtcdMetrics | None) -> float:
+    """Wait until the taking's tail (watch creates) is over; seconds waited."""
+    start = time.perf_counter()
+    if metrics is None:
+        await asyncio.sleep(5.0)
+        return time.perf_counter() - start
+    before = metrics.sample()
+    while time.perf_counter() - start < _SETTLE_MAX_S:
+        await asyncio.sleep(0.5)
+        after = metrics.sample()
+        if before is None or after is None:
+            break
+        if (after - before).requests / 0.5 < _QUIET_REQUESTS_PER_S:
+            break
+        before = after
+    return time.perf_counter() - start
+
+
 async def window(
     held: HeldLeases, seconds: float, etcd_pid: int | None, metrics: EtcdMetrics | None
 ) -> dict[str, Any]:
@@ -114,6 +138,7 @@ async def measure_case(
         held = HeldLeases(provider, case)
         taking = await held.take()
         lost_taking = len(held.lost())
+        settling = await settle(metrics)
         idle = await window(held, seconds, etcd_pid, metrics)
         with cpu_hogs(HOGS):
             loaded = await window(held, seconds, etcd_pid, metrics)
@@ -124,6 +149,7 @@ async def measure_case(
         "leases": case.leases,
         "ttl_s": case.ttl_ms / 1000,
         "taking_s": taking,
+        "settling_s": settling,
         "not_taken": len(held.not_taken),
         "lost_while_taking": lost_taking,
         "idle": idle,

@@ -96,10 +96,10 @@ def keepalive_table(results: dict[str, Any]) -> Table:
                 f"{case['leases']:,}", f"{case['ttl_s']:g}", host, fmt(window["cpu_per_s"], 3),
                 fmt(window["etcd_cpu_per_s"], 3), fmt(window["requests_per_s"], 0),
                 str(window["lost"]), fmt(case["taking_s"], 1),
-                str(case["lost_while_taking"] + case["not_taken"]),
+                fmt(case.get("settling_s"), 1), str(case["lost_while_taking"] + case["not_taken"]),
             ])  # fmt: skip
     header = ["leases", "TTL s", "host", "CPU s/s", "etcd CPU s/s", "requests/s",
-              "lost", "taking s", "lost taking"]  # fmt: skip
+              "lost", "taking s", "settling s", "lost taking"]  # fmt: skip
     return Table("Keep-alive: leases held through provider.hold", header, rows)
 
 
