@@ -145,3 +145,19 @@ async def test_concurrent_takes_of_distinct_keys_each_get_a_lease(
         # The first round grants 64 leases; the second reuses them (and the pool
         # grants one ahead when its last free lease is taken); the third grants none.
         assert calls["LeaseGrant"] == [64, 1, 0][round_] and calls["LeaseRevoke"] == 0
+
+
+async def test_free_leases_outlive_their_ttl_while_they_wait(
+    etcd_provider: EtcdLeaseProvider, calls: Counter[str]
+) -> None:
+    provider = etcd_provider
+    await provider.acquire_lease("k", "me", 2000)
+    await provider.release_lease("k", "me")
+    (free,) = provider._pool.free_lease_ids()
+    await asyncio.sleep(3.5)  # past its 2 s TTL: the pool's sweep renewed it
+    assert (await provider.client.time_to_live(free)).TTL > 0
+    assert provider._pool.free_lease_ids() == {free}
+    calls.clear()
+    await provider.acquire_lease("again", "me", 2000)
+    kv = await provider.client.range(provider.etcd_key("again"))
+    assert kv is not None and kv.lease == free and calls["LeaseGrant"] <= 1  # (the refill)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from etcd_leases.errors import BackendError, BackendUnavailable, PermissionDenied
 from etcd_leases.etcd.client import EtcdClient
@@ -51,13 +51,11 @@ def written_keys(request: pb.TxnRequest) -> frozenset[bytes]:
     return frozenset(keys)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Waiting:
     request: pb.TxnRequest
     keys: frozenset[bytes]
-    answer: asyncio.Future[pb.TxnResponse] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    answer: asyncio.Future[pb.TxnResponse]
 
 
 class TxnBatcher:
@@ -80,7 +78,9 @@ class TxnBatcher:
             finally:
                 self._in_flight -= 1
                 self._flush()
-        waiting = _Waiting(request, written_keys(request))
+        waiting = _Waiting(
+            request, written_keys(request), asyncio.get_running_loop().create_future()
+        )
         self._queue.append(waiting)
         return await waiting.answer
 

@@ -305,12 +305,21 @@ class KeepAliveLoop:
         broken stream is sent again on the next one. Raises :class:`BackendUnavailable`
         when no answer came within ``timeout`` seconds.
         """
+        return await self.answer(self.request_renewal(lease_id), lease_id, timeout)
+
+    def request_renewal(self, lease_id: int) -> asyncio.Future[Renewal]:
+        """Queue a one-shot renewal of ``lease_id``; its answer (see :meth:`answer`)."""
         if self._closed or self._client.closed:
             raise ProviderClosed("the provider is closed")
         answer: asyncio.Future[Renewal] = asyncio.get_running_loop().create_future()
         self._once.append((lease_id, answer))
         self._start()
         self._wake.set()
+        return answer
+
+    @staticmethod
+    async def answer(answer: asyncio.Future[Renewal], lease_id: int, timeout: float) -> Renewal:
+        """Wait for a requested renewal's answer: (send time, TTL; 0 if gone)."""
         try:
             async with asyncio.timeout(timeout):
                 return await answer

@@ -1,17 +1,19 @@
 """Leases granted ahead of need, so that taking a key is one transaction.
 
 A grant is a raft write of its own. :class:`LeasePool` keeps a few leases per TTL
-granted and alive (on the provider's keep-alive stream) while no key uses them, and
-hands one to each attempt to put a key under a lease of its own:
+granted and alive while no key uses them, and hands one to each attempt to put a key
+under a lease of its own:
 
 - **One tenure per lease.** A lease is with at most one attempt or tenure at a time.
   It comes back free only when this process saw that no key is on it any more: an
-  attempt that lost (:meth:`put_back`), or a key this process deleted or moved away
-  whose previous value named the lease (:meth:`give_back`). Nothing else revokes or
-  reuses a pooled lease, so no decision made from an old read can touch a later tenure.
+  attempt that lost, or a key this process deleted or moved away whose previous value
+  named the lease (:meth:`give_back`). Only the pool revokes a free lease, so no
+  decision made from an old read can touch a later tenure.
 - **Never a promise longer than etcd's.** A free lease is alive until its last
   answered renewal plus its TTL, which may be less than a full TTL from now; whoever
-  takes one renews it once more before promising its TTL to a holder.
+  takes one renews it once more before promising its TTL to a holder. Free leases
+  are renewed by a sweep once they have aged a third of their TTL (a lease given back
+  is usually taken again long before).
 - **No leak.** Leases handed out belong to their tenures (they expire with them when
   nobody renews them); free leases are revoked when the pool is closed, and the free
   list is trimmed back to what recent use needed.
@@ -22,18 +24,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from etcd_leases.errors import BackendUnavailable, LeaseError, ProviderClosed
 from etcd_leases.etcd.client import EtcdClient
-from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
+from etcd_leases.etcd.keepalive import KeepAliveLoop
 
 # A free lease with less than this share of its TTL known left is not handed out:
 # its renewal is overdue, something is wrong with it or with the stream.
 _FRESH_SHARE = 0.5
+# Free leases are renewed once less than this share of their TTL is known left.
+_RENEW_SHARE = 2 / 3
 # Every this many seconds, free leases beyond the most taken at once since are revoked.
 _TRIM_EVERY_S = 30.0
 # Free leases kept per TTL whatever the recent use.
@@ -53,15 +56,19 @@ class Grant:
 
 @dataclass
 class _Free:
-    """The free leases of one TTL, and the most of them taken at once lately."""
+    """The free leases of one TTL (oldest first), and the most taken at once lately."""
 
-    leases: deque[KeptLease]
+    leases: dict[int, Grant] = field(default_factory=dict)
     taken: int = 0
     peak: int = 0
 
 
 class LeasePool:
-    """Free leases per TTL, kept alive on ``keepalive``; ``grant`` makes new ones."""
+    """Free leases per TTL, renewed on ``keepalive``'s stream; ``grant`` makes new ones.
+
+    A lease that comes back is reused at once, usually: free leases are not kept by
+    the keep-alive loop but renewed by a sweep, only once they have aged.
+    """
 
     def __init__(
         self,
@@ -76,13 +83,14 @@ class LeasePool:
         # Leases of this pool now with an attempt or a tenure, as last known.
         self._out: dict[int, Grant] = {}
         self._trimmed_at = time.monotonic()
-        self._refilling: set[int] = set()
-        self._closed = False  # the TTLs a grant is under way for
+        self._refilling: set[int] = set()  # the TTLs a grant is under way for
+        self._closed = False
+        self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
     def free_lease_ids(self) -> set[int]:
-        """The leases free in the pool now (granted, kept alive, carrying no key)."""
-        return {kept.lease_id for free in self._free.values() for kept in free.leases}
+        """The leases free in the pool now (granted, renewed, carrying no key)."""
+        return {lease_id for free in self._free.values() for lease_id in free.leases}
 
     def owns(self, lease_id: int) -> bool:
         """Whether ``lease_id`` came from this pool and is out with an attempt or tenure."""
@@ -90,20 +98,17 @@ class LeasePool:
 
     async def take(self, ttl_s: int) -> Grant:
         """A lease of ``ttl_s`` seconds (as etcd grants it) for one attempt."""
-        free = self._free.setdefault(ttl_s, _Free(deque()))
+        free = self._free.setdefault(ttl_s, _Free())
         free.taken += 1
         free.peak = max(free.peak, free.taken)
         try:
             while free.leases:
-                kept = free.leases.pop()  # the most recently used
-                kept.remove_loss_callback(self._drop)
-                self._keepalive.release(kept)
-                if kept.remaining() > _FRESH_SHARE * kept.ttl_s:
-                    grant = Grant(kept.lease_id, kept.ttl_s, kept.valid_until)
+                _, grant = free.leases.popitem()  # the most recently used
+                if grant.valid_until - time.monotonic() > _FRESH_SHARE * grant.ttl_s:
                     if not free.leases:  # the next taker should not wait for a grant
                         self._refill(ttl_s)
                     break
-                self._in_background(self._revoke(kept.lease_id))
+                self._in_background(self._revoke(grant.lease_id))
             else:
                 grant = await self._grant(ttl_s)
         except BaseException:
@@ -114,9 +119,10 @@ class LeasePool:
 
     def renewed(self, lease_id: int, valid_until: float) -> None:
         """A renewal of ``lease_id`` was answered: it is alive until ``valid_until``."""
-        grant = self._out.get(lease_id)
-        if grant is not None and valid_until > grant.valid_until:
-            self._out[lease_id] = Grant(lease_id, grant.ttl_s, valid_until)
+        for leases in (self._out, *(free.leases for free in self._free.values())):
+            grant = leases.get(lease_id)
+            if grant is not None and valid_until > grant.valid_until:
+                leases[lease_id] = Grant(lease_id, grant.ttl_s, valid_until)
 
     def give_back(self, lease_id: int) -> None:
         """No key is on ``lease_id`` any more (its attempt lost, or this process deleted
@@ -129,15 +135,14 @@ class LeasePool:
         if grant is None:  # not ours
             return
         # Filed by the TTL etcd granted, which is what later takers ask for.
-        free = self._free.setdefault(grant.ttl_s, _Free(deque()))
+        free = self._free.setdefault(grant.ttl_s, _Free())
         free.taken = max(0, free.taken - 1)
-        if self._closed or self._keepalive.is_kept(lease_id) or self._keepalive.closed:
+        if self._closed or self._keepalive.is_kept(lease_id):
             return
-        kept = self._keepalive.keep(lease_id, grant.ttl_s, grant.valid_until)
-        if kept.lost.is_set():  # not renewed in time: it may be gone already
+        if grant.valid_until <= time.monotonic():  # it may be gone already
             return
-        free.leases.append(kept)
-        kept.add_loss_callback(self._drop)
+        free.leases[lease_id] = grant
+        self._start_sweeping()
         self._trim()
 
     def forget(self, lease_id: int) -> None:
@@ -150,11 +155,11 @@ class LeasePool:
     async def close(self) -> None:
         """Revoke the free leases (best effort); the pool hands out nothing more."""
         self._closed = True
-        leases = [kept for free in self._free.values() for kept in free.leases]
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        leases = self.free_lease_ids()
         self._free.clear()
-        for kept in leases:
-            self._keepalive.release(kept)
-        await asyncio.gather(*(self._revoke(kept.lease_id) for kept in leases))
+        await asyncio.gather(*(self._revoke(lease_id) for lease_id in leases))
         if self._background:
             await asyncio.wait(self._background, timeout=self._client.timeout)
 
@@ -171,20 +176,45 @@ class LeasePool:
             return  # the next taker grants on its own
         finally:
             self._refilling.discard(ttl_s)
-        if self._closed or self._keepalive.closed:
+        if self._closed:
             await self._revoke(grant.lease_id)
             return
-        free = self._free.setdefault(grant.ttl_s, _Free(deque()))
-        kept = self._keepalive.keep(grant.lease_id, grant.ttl_s, grant.valid_until)
-        free.leases.appendleft(kept)
-        kept.add_loss_callback(self._drop)
+        free = self._free.setdefault(grant.ttl_s, _Free())
+        # The least recently used end: the leases just given back go first.
+        free.leases = {grant.lease_id: grant, **free.leases}
+        self._start_sweeping()
 
-    def _drop(self, kept: KeptLease) -> None:
-        """A free lease etcd no longer renews: out of the free list."""
-        free = self._free.get(kept.ttl_s)
+    def _start_sweeping(self) -> None:
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(
+                self._sweep(), name="etcd-leases lease pool sweeper"
+            )
+
+    async def _sweep(self) -> None:
+        """Renew the free leases that aged, until none is left."""
+        while not self._closed and any(free.leases for free in self._free.values()):
+            shortest = min(ttl_s for ttl_s, free in self._free.items() if free.leases)
+            await asyncio.sleep(min(2.0, max(0.1, shortest / 6)))
+            now = time.monotonic()
+            aged = [
+                grant
+                for free in self._free.values()
+                for grant in free.leases.values()
+                if grant.valid_until - now < _RENEW_SHARE * grant.ttl_s
+            ]
+            await asyncio.gather(*(self._renew(grant) for grant in aged))
+
+    async def _renew(self, grant: Grant) -> None:
+        try:
+            sent_at, ttl_s = await self._keepalive.renew_once(grant.lease_id, self._client.timeout)
+        except LeaseError:
+            return  # the next sweep tries again; take() skips it if it runs too late
+        if ttl_s > 0:
+            self.renewed(grant.lease_id, sent_at + ttl_s)
+            return
+        free = self._free.get(grant.ttl_s)
         if free is not None:
-            with contextlib.suppress(ValueError):
-                free.leases.remove(kept)
+            free.leases.pop(grant.lease_id, None)  # gone
 
     def _trim(self) -> None:
         """Every so often, revoke the free leases recent use did not need."""
@@ -196,10 +226,9 @@ class LeasePool:
             keep = max(_KEEP_FREE, free.peak - free.taken)
             free.peak = free.taken
             while len(free.leases) > keep:
-                kept = free.leases.popleft()  # the least recently used
-                kept.remove_loss_callback(self._drop)
-                self._keepalive.release(kept)
-                self._in_background(self._revoke(kept.lease_id))
+                lease_id = next(iter(free.leases))  # the least recently used
+                del free.leases[lease_id]
+                self._in_background(self._revoke(lease_id))
 
     async def _revoke(self, lease_id: int) -> None:
         with contextlib.suppress(BackendUnavailable, ProviderClosed):

@@ -42,7 +42,7 @@ from etcd_leases.errors import (
 )
 from etcd_leases.etcd.batch import TxnBatcher
 from etcd_leases.etcd.client import EtcdClient, is_session_lease, new_lease_id
-from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
+from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease, Renewal
 from etcd_leases.etcd.keeper import EtcdKeeper, owner_of
 from etcd_leases.etcd.pool import Grant, LeasePool
 from etcd_leases.etcd.session import Session, Sessions
@@ -509,9 +509,12 @@ class EtcdBackend:
         else:
             self._in_background(self._revoke_quietly(lease_id))
 
-    async def _renew(self, lease_id: int) -> int:
-        """Renew ``lease_id`` once over the shared stream; its TTL (s), 0 if it is gone."""
-        sent_at, ttl_s = await self._keepalive.renew_once(lease_id, self._client.timeout)
+    async def _renew(self, lease_id: int, requested: asyncio.Future[Renewal] | None = None) -> int:
+        """Renew ``lease_id`` once over the shared stream (or wait for the renewal
+        ``requested`` already); its TTL (s), 0 if it is gone."""
+        if requested is None:
+            requested = self._keepalive.request_renewal(lease_id)
+        sent_at, ttl_s = await self._keepalive.answer(requested, lease_id, self._client.timeout)
         if ttl_s > 0:
             self._pool.renewed(lease_id, sent_at + ttl_s)
         return ttl_s
@@ -529,12 +532,12 @@ class EtcdBackend:
         a create): an interrupted create is undone, an interrupted move is settled in
         the background and keeps whichever tenure it left, so the key is never free.
         """
-        renewal: asyncio.Future[int] | None = None
+        renewal = None
         if grant.valid_until < started + grant.ttl_s:
-            renewal = asyncio.ensure_future(self._renew(grant.lease_id))
+            renewal = self._keepalive.request_renewal(grant.lease_id)
         try:
             kv = await self._cas(txn)
-            alive = renewal is None or await renewal > 0
+            alive = renewal is None or await self._renew(grant.lease_id, renewal) > 0
         except BaseException as exc:
             if renewal is not None:
                 renewal.cancel()
