@@ -10,7 +10,15 @@ from etcd_leases import EtcdLeaseProvider
 from etcd_leases.errors import BackendError
 from etcd_leases.etcd.batch import TxnBatcher, written_keys
 from etcd_leases.etcd.client import EtcdClient, new_lease_id
-from etcd_leases.etcd.txn import Txn, create_revision_is, delete, get, put, value_is
+from etcd_leases.etcd.txn import (
+    Txn,
+    create_revision_is,
+    delete,
+    get,
+    put,
+    range_is_empty,
+    value_is,
+)
 from tests.conftest import unique_prefix
 
 
@@ -85,3 +93,26 @@ async def test_concurrent_cycles_on_distinct_keys_are_batched(
     await asyncio.gather(*(cycle(i) for i in range(tasks)))
     assert etcd_provider._batcher.batches_sent > 0
     assert await etcd_provider.client.range_prefix(etcd_provider.etcd_key("c")) == []
+
+
+async def test_a_compare_never_shares_a_batch_with_a_write_it_compares(
+    client: EtcdClient,
+) -> None:
+    # etcd judges every nested compare against the store before the batch: a release
+    # comparing an empty inbox must not be batched after a send into that inbox (it
+    # would succeed and strand the message), nor a fenced write after a transfer.
+    batcher = TxnBatcher(client, max_in_flight=1)
+    prefix = unique_prefix().encode()
+    inbox, end = prefix + b"inbox/", prefix + b"inbox0"
+    steps = [
+        Txn.when().then(put(prefix + b"first", b"occupies the one slot in flight")),
+        Txn.when().then(put(inbox + b"m1", b"hello")),  # a send into the inbox
+        Txn.when(range_is_empty(inbox, end)).then(put(prefix + b"released", b"yes")),
+        Txn.when().then(put(prefix + b"lease", b"b")),  # a transfer
+        Txn.when(value_is(prefix + b"lease", b"a")).then(put(prefix + b"fenced", b"a's")),
+    ]
+    await client.txn(Txn.when().then(put(prefix + b"lease", b"a")).request)
+    responses = await asyncio.gather(*(batcher.txn(step.request) for step in steps))
+    assert [r.succeeded for r in responses] == [True, True, False, True, False]
+    assert await client.range(prefix + b"released") is None
+    assert await client.range(prefix + b"fenced") is None

@@ -11,10 +11,15 @@ at once while fewer than ``max_in_flight`` requests are on the way, so a lone ca
 waits for nothing; the others queue, and each time a request comes back the queue
 leaves as one batch. Under load batches grow to fit it.
 
-What keeps a batch equivalent to its transactions sent alone:
+What keeps a batch equivalent to its transactions sent alone, one after another:
 
 - etcd refuses a transaction that writes one key twice, so a batch holds at most
   one transaction per key written; the next waits for a later batch.
+- etcd judges the compares of every nested transaction against the store as it was
+  before the batch (measured on 3.4), while a later one sent alone would see what the
+  earlier ones wrote. So no transaction joins a batch if it compares a key (or a range)
+  that another in the batch writes, or writes one that another compares: a release
+  that compares an empty inbox never shares a batch with a send into that inbox.
 - A batch that etcd refuses as a whole (a lease one of them names is gone, a key one
   may not write) is sent again one transaction at a time, so each caller gets the
   answer its own transaction earns.
@@ -32,10 +37,32 @@ from etcd_leases.errors import BackendError, BackendUnavailable, PermissionDenie
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
-# etcd's default --max-txn-ops: the most ops one transaction (at each level) may have.
-MAX_BATCH = 128
+# etcd's default --max-txn-ops. A nested transaction may have at most this many ops,
+# less the ops of the transaction around it: a batch of n allows 128 - n per branch.
+MAX_TXN_OPS = 128
 # Well under etcd's default request size limit (1.5 MiB).
 MAX_BATCH_BYTES = 1 << 20
+
+
+def compared(request: pb.TxnRequest) -> tuple[frozenset[bytes], list[tuple[bytes, bytes]]]:
+    """What ``request`` compares: single keys, and ``[key, range_end)`` ranges."""
+    keys: set[bytes] = set()
+    ranges: list[tuple[bytes, bytes]] = []
+    for compare in request.compare:
+        if compare.range_end:
+            ranges.append((compare.key, compare.range_end))
+        else:
+            keys.add(compare.key)
+    for op in (*request.success, *request.failure):
+        if op.HasField("request_txn"):
+            nested_keys, nested_ranges = compared(op.request_txn)
+            keys |= nested_keys
+            ranges += nested_ranges
+    return frozenset(keys), ranges
+
+
+def most_ops(request: pb.TxnRequest) -> int:
+    return max(len(request.success), len(request.failure), len(request.compare))
 
 
 def written_keys(request: pb.TxnRequest) -> frozenset[bytes]:
@@ -54,8 +81,51 @@ def written_keys(request: pb.TxnRequest) -> frozenset[bytes]:
 @dataclass(slots=True)
 class _Waiting:
     request: pb.TxnRequest
-    keys: frozenset[bytes]
+    writes: frozenset[bytes]
+    compared_keys: frozenset[bytes]
+    compared_ranges: list[tuple[bytes, bytes]]
     answer: asyncio.Future[pb.TxnResponse]
+
+
+class _Batch:
+    """The transactions of one batch, and what they write and compare."""
+
+    def __init__(self) -> None:
+        self.members: list[_Waiting] = []
+        self.writes: set[bytes] = set()
+        self.compared_keys: set[bytes] = set()
+        self.compared_ranges: list[tuple[bytes, bytes]] = []
+        self.size = 0
+        self.ops = 0
+
+    def admits(self, waiting: _Waiting) -> bool:
+        if not self.members:
+            return True
+        ops = max(self.ops, most_ops(waiting.request))
+        if len(self.members) + 1 > MAX_TXN_OPS - ops:
+            return False
+        if self.size + waiting.request.ByteSize() > MAX_BATCH_BYTES:
+            return False
+        if not self.writes.isdisjoint(waiting.writes | waiting.compared_keys):
+            return False
+        if not self.compared_keys.isdisjoint(waiting.writes):
+            return False
+        return not (
+            _overlap(waiting.compared_ranges, self.writes)
+            or _overlap(self.compared_ranges, waiting.writes)
+        )
+
+    def add(self, waiting: _Waiting) -> None:
+        self.members.append(waiting)
+        self.writes |= waiting.writes
+        self.compared_keys |= waiting.compared_keys
+        self.compared_ranges += waiting.compared_ranges
+        self.size += waiting.request.ByteSize()
+        self.ops = max(self.ops, most_ops(waiting.request))
+
+
+def _overlap(ranges: list[tuple[bytes, bytes]], keys: set[bytes] | frozenset[bytes]) -> bool:
+    return any(start <= key < end for start, end in ranges for key in keys)
 
 
 class TxnBatcher:
@@ -78,8 +148,13 @@ class TxnBatcher:
             finally:
                 self._in_flight -= 1
                 self._flush()
+        compared_keys, compared_ranges = compared(request)
         waiting = _Waiting(
-            request, written_keys(request), asyncio.get_running_loop().create_future()
+            request,
+            written_keys(request),
+            compared_keys,
+            compared_ranges,
+            asyncio.get_running_loop().create_future(),
         )
         self._queue.append(waiting)
         return await waiting.answer
@@ -96,23 +171,18 @@ class TxnBatcher:
             task.add_done_callback(self._tasks.discard)
 
     def _next_batch(self) -> list[_Waiting]:
-        batch: list[_Waiting] = []
-        keys: set[bytes] = set()
-        size = 0
+        batch = _Batch()
         later: deque[_Waiting] = deque()
-        while self._queue and len(batch) < MAX_BATCH:
+        while self._queue and len(batch.members) < MAX_TXN_OPS:
             waiting = self._queue.popleft()
             if waiting.answer.done():  # its caller was cancelled
                 continue
-            request_size = waiting.request.ByteSize()
-            if keys & waiting.keys or (batch and size + request_size > MAX_BATCH_BYTES):
+            if batch.admits(waiting):
+                batch.add(waiting)
+            else:
                 later.append(waiting)
-                continue
-            batch.append(waiting)
-            keys |= waiting.keys
-            size += request_size
         self._queue.extendleft(reversed(later))
-        return batch
+        return batch.members
 
     async def _send(self, batch: list[_Waiting]) -> None:
         try:
