@@ -8,6 +8,7 @@ no false loss and no leaked lease.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import grpc
@@ -15,7 +16,7 @@ import grpc.aio
 import pytest
 from google.protobuf.message import Message
 
-from etcd_leases import EtcdLeaseProvider
+from etcd_leases import BackendUnavailable, EtcdLeaseProvider
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from tests.conftest import assert_freed, assert_no_lease_leaked
@@ -185,3 +186,45 @@ async def test_release_if_empty(
     lose_answers(1)
     assert await p.inbox.release_if_empty("owner-of-thread", "alice", result.token, "thread")
     assert await p.get_lease_owner("owner-of-thread") is None
+
+
+async def test_a_copy_refused_after_a_lost_answer_leaves_the_outcome_unknown(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first copy of the create landed, its answer lost; etcd then refused the second
+    (say, too busy). Reported as unknown, and the lease it may carry is never reused:
+    it was revoked, so the key it may have made is gone with it (review of issue 9)."""
+    p = etcd_provider
+    await p.acquire_lease("warm", "me", 5000)
+    await p.release_lease("warm", "me")
+    client: EtcdClient = p.client
+    original = client._attempt
+    txns = [0]
+
+    async def attempt(
+        index: int, path: str, request: Message, response_type: type[Message], deadline_s: float
+    ) -> Message:
+        if path.endswith("/Txn"):
+            txns[0] += 1
+            if txns[0] == 1:
+                await original(index, path, request, response_type, deadline_s)
+                raise lost_answer()
+            if txns[0] == 2:
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    grpc.aio.Metadata(),
+                    grpc.aio.Metadata(),
+                    details="etcdserver: too many requests (test)",
+                    debug_error_string="",
+                )
+        return await original(index, path, request, response_type, deadline_s)
+
+    monkeypatch.setattr(client, "_attempt", attempt)
+    (pooled,) = p._pool.free_lease_ids()
+    with pytest.raises(BackendUnavailable):
+        await p.acquire_lease("k", "alice", 5000)
+    monkeypatch.setattr(client, "_attempt", original)
+    assert pooled not in p._pool.free_lease_ids()
+    await asyncio.sleep(0.2)  # the background revoke
+    assert (await client.time_to_live(pooled)).TTL == -1
+    assert await p.get_lease_owner("k") is None  # the key went with its lease

@@ -121,3 +121,21 @@ async def test_another_owner_in_the_same_process_does_not_share_the_tenure(
         assert not result.acquired and result.owner == "a" and keeper is None
         assert not first.lost.is_set()
         assert await etcd_provider.get_lease_owner("seat") == "a"
+
+
+async def test_a_tenure_given_up_without_seeing_its_key_change_deletes_the_key(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    # Its watch failed: the tenure cannot be vouched for, but the key still stands on
+    # the session lease, which would keep it alive for nobody (review of issue 9).
+    async with etcd_provider.hold("other", "me", 3000) as other:
+        async with etcd_provider.hold("k", "me", 3000) as lease:
+            lease._keeper._give_up("the key's watch failed: (test)")  # type: ignore[attr-defined]
+            assert lease.lost.is_set()
+            for _ in range(50):
+                if await etcd_provider.get_lease_owner("k") is None:
+                    break
+                await asyncio.sleep(0.05)
+            assert await etcd_provider.get_lease_owner("k") is None
+        assert not other.lost.is_set()
+        assert await etcd_provider.get_lease_owner("other") == "me"

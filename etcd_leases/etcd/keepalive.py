@@ -393,9 +393,11 @@ class KeepAliveLoop:
         self._ttls.clear()
         self._renewals.clear()
         self._deadlines.clear()
+        waiting = [answer for _, answer in self._once]
+        waiting += [a for requests in self._inflight.values() for _, a in requests if a is not None]
         self._inflight.clear()
-        once, self._once = self._once, deque()
-        for _, answer in once:
+        self._once.clear()
+        for answer in waiting:
             if not answer.done():
                 answer.set_exception(ProviderClosed("the provider is closed"))
         for lease in kept:

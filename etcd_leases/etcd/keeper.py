@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from etcd_leases.errors import LeaseError
 from etcd_leases.etcd.client import EtcdClient
@@ -21,7 +22,9 @@ class EtcdKeeper:
     Any event on the key ends the tenure: renewals do not write, so an event is a
     transfer, a release, an expiry or a delete by anyone. So does the loss of its
     lease, which may be ``shared`` with other keys (a session lease): then ending
-    this tenure leaves the lease to them.
+    this tenure leaves the lease to them, and a tenure given up while its key may
+    still stand (its watch failed) calls ``abandon``, which must delete the key if
+    it is still this tenure's: the shared lease would keep it alive for nobody.
     """
 
     def __init__(
@@ -34,12 +37,15 @@ class EtcdKeeper:
         client: EtcdClient,
         *,
         shared: bool,
+        abandon: Callable[[bytes, int], None] | None = None,
     ) -> None:
         self._etcd_key = etcd_key
         self._keepalive = keepalive
         self._client = client
         self._kept = kept
         self._shared = shared
+        self._abandon = abandon
+        self._token = watch_from - 1
         self.lost = asyncio.Event()
         self.lost_reason: str | None = None
         self._recheck: asyncio.Task[None] | None = None  # referenced, so not collected
@@ -48,7 +54,7 @@ class EtcdKeeper:
             watch_from,
             on_events=self._on_events,
             # Without its watch a tenure cannot be vouched for within milliseconds.
-            on_error=lambda exc: self.lose(f"the key's watch failed: {exc}"),
+            on_error=lambda exc: self._give_up(f"the key's watch failed: {exc}"),
         )
         kept.add_loss_callback(self._on_lease_lost)
 
@@ -65,6 +71,12 @@ class EtcdKeeper:
         self._kept.remove_loss_callback(self._on_lease_lost)
         if not self._shared:
             self._keepalive.release(self._kept)
+
+    def _give_up(self, reason: str) -> None:
+        """Lost without seeing the key change: it may still stand on the lease."""
+        if not self.lost.is_set() and self._shared and self._abandon is not None:
+            self._abandon(self._etcd_key, self._token)
+        self.lose(reason)
 
     def _on_lease_lost(self, kept: KeptLease) -> None:
         self.lose(kept.lost_reason or "its lease was lost")
@@ -83,7 +95,7 @@ class EtcdKeeper:
         try:
             kv = await self._client.range(self._etcd_key)
         except LeaseError as exc:
-            self.lose(f"could not re-read the key: {exc}")
+            self._give_up(f"could not re-read the key: {exc}")
             return
         if kv is None or kv.lease != self._kept.lease_id:
             self.lose("the key changed while its watch history was compacted")

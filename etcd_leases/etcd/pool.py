@@ -64,7 +64,7 @@ class _Free:
 
 
 class LeasePool:
-    """Free leases per TTL, renewed on ``keepalive``'s stream; ``grant`` makes new ones.
+    """Free leases per TTL, renewed on ``renewals``' stream; ``grant`` makes new ones.
 
     A lease that comes back is reused at once, usually: free leases are not kept by
     the keep-alive loop but renewed by a sweep, only once they have aged.
@@ -74,14 +74,21 @@ class LeasePool:
         self,
         client: EtcdClient,
         keepalive: KeepAliveLoop,
+        renewals: KeepAliveLoop,
         grant: Callable[[int], Awaitable[Grant]],
     ) -> None:
         self._client = client
-        self._keepalive = keepalive
+        self._keepalive = keepalive  # what keeps held leases: a lease it keeps is not free
+        self._renewals = renewals  # where free leases are renewed
         self._grant = grant
         self._free: dict[int, _Free] = {}
         # Leases of this pool now with an attempt or a tenure, as last known.
         self._out: dict[int, Grant] = {}
+        # Out with an attempt that does not know yet where its put went.
+        self._unsettled: set[int] = set()
+        # Out with a tenure whose put had an answer lost: never reused (a copy of it
+        # might yet land), revoked once its key is gone.
+        self._tainted: set[int] = set()
         self._trimmed_at = time.monotonic()
         self._refilling: set[int] = set()  # the TTLs a grant is under way for
         self._closed = False
@@ -92,12 +99,9 @@ class LeasePool:
         """The leases free in the pool now (granted, renewed, carrying no key)."""
         return {lease_id for free in self._free.values() for lease_id in free.leases}
 
-    def owns(self, lease_id: int) -> bool:
-        """Whether ``lease_id`` came from this pool and is out with an attempt or tenure."""
-        return lease_id in self._out
-
     async def take(self, ttl_s: int) -> Grant:
         """A lease of ``ttl_s`` seconds (as etcd grants it) for one attempt."""
+        self._trim()
         free = self._free.setdefault(ttl_s, _Free())
         free.taken += 1
         free.peak = max(free.peak, free.taken)
@@ -115,7 +119,27 @@ class LeasePool:
             free.taken -= 1
             raise
         self._out[grant.lease_id] = grant
+        self._unsettled.add(grant.lease_id)
         return grant
+
+    def settled(self, lease_id: int, *, answers_lost: bool) -> None:
+        """The attempt that took ``lease_id`` knows where its put went."""
+        self._unsettled.discard(lease_id)
+        if answers_lost:
+            self._tainted.add(lease_id)
+
+    def reusable(self, lease_id: int) -> bool:
+        """Whether ``lease_id``, once its key is gone, may carry another tenure."""
+        return (
+            lease_id in self._out
+            and lease_id not in self._unsettled
+            and lease_id not in self._tainted
+        )
+
+    def put_back(self, grant: Grant) -> None:
+        """An attempt took ``grant`` and sent nothing under it: free again."""
+        self.settled(grant.lease_id, answers_lost=False)
+        self.give_back(grant.lease_id)
 
     def renewed(self, lease_id: int, valid_until: float) -> None:
         """A renewal of ``lease_id`` was answered: it is alive until ``valid_until``."""
@@ -126,14 +150,14 @@ class LeasePool:
 
     def give_back(self, lease_id: int) -> None:
         """No key is on ``lease_id`` any more (its attempt lost, or this process deleted
-        or moved away its key): free again, if it is this pool's.
+        or moved away its key): free again, if it is :meth:`reusable`.
 
         A lease some keeper of this process still renews (its holder has not noticed
         yet) is left to it, and expires with it.
         """
-        grant = self._out.pop(lease_id, None)
-        if grant is None:  # not ours
+        if not self.reusable(lease_id):
             return
+        grant = self._out.pop(lease_id)
         # Filed by the TTL etcd granted, which is what later takers ask for.
         free = self._free.setdefault(grant.ttl_s, _Free())
         free.taken = max(0, free.taken - 1)
@@ -148,6 +172,8 @@ class LeasePool:
     def forget(self, lease_id: int) -> None:
         """``lease_id`` is gone (etcd said so), or it is revoked: not ours any more."""
         grant = self._out.pop(lease_id, None)
+        self._unsettled.discard(lease_id)
+        self._tainted.discard(lease_id)
         if grant is not None and grant.ttl_s in self._free:
             free = self._free[grant.ttl_s]
             free.taken = max(0, free.taken - 1)
@@ -206,7 +232,7 @@ class LeasePool:
 
     async def _renew(self, grant: Grant) -> None:
         try:
-            sent_at, ttl_s = await self._keepalive.renew_once(grant.lease_id, self._client.timeout)
+            sent_at, ttl_s = await self._renewals.renew_once(grant.lease_id, self._client.timeout)
         except LeaseError:
             return  # the next sweep tries again; take() skips it if it runs too late
         if ttl_s > 0:
@@ -217,11 +243,21 @@ class LeasePool:
             free.leases.pop(grant.lease_id, None)  # gone
 
     def _trim(self) -> None:
-        """Every so often, revoke the free leases recent use did not need."""
+        """Every so often, revoke the free leases recent use did not need, and forget
+        the tenures' leases that expired (their keys went without this process)."""
         now = time.monotonic()
         if now - self._trimmed_at < _TRIM_EVERY_S:
             return
         self._trimmed_at = now
+        expired = [
+            lease_id
+            for lease_id, grant in self._out.items()
+            if grant.valid_until < now
+            and lease_id not in self._unsettled
+            and not self._keepalive.is_kept(lease_id)
+        ]
+        for lease_id in expired:
+            self.forget(lease_id)
         for free in self._free.values():
             keep = max(_KEEP_FREE, free.peak - free.taken)
             free.peak = free.taken

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import time
+import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -127,10 +128,18 @@ class EtcdBackend:
         self._min_ttl_s = 1
         # One keep-alive stream and one watch stream serve every held lease.
         self._keepalive = KeepAliveLoop(self._client)
+        # One-shot renewals go on a stream of their own: etcd answers one stream's
+        # requests in order, and a renewal of a lease that just expired waits for its
+        # revoke (up to seconds), which must not hold up the held leases' renewals.
+        self._renewals = KeepAliveLoop(self._client)
         self._watches = WatchStream(self._client)
         # Leases granted ahead, so that taking a key is one transaction; and the
         # session leases that hold's keys share, so renewals cost O(1) per TTL.
-        self._pool = LeasePool(self._client, self._keepalive, self._grant)
+        self._pool = LeasePool(self._client, self._keepalive, self._renewals, self._grant)
+        # The live tenures on our session leases, so a settlement never deletes one.
+        self._session_keepers: weakref.WeakValueDictionary[tuple[bytes, int], EtcdKeeper] = (
+            weakref.WeakValueDictionary()
+        )
         self._sessions = Sessions(
             self._client, self._keepalive, lambda ttl_s: self._grant(ttl_s, session=True)
         )
@@ -190,6 +199,7 @@ class EtcdBackend:
         if not self._client.closed:
             await asyncio.gather(self._sessions.close(), self._pool.close())
         await self._keepalive.close()
+        await self._renewals.close()
         await self._watches.close()
         await self._client.close()
 
@@ -348,19 +358,21 @@ class EtcdBackend:
         self, owner: str, etcd_key: bytes, kv: pb.KeyValue, session: Session
     ) -> tuple[AcquireResult, EtcdKeeper]:
         keeper = self._keeper(etcd_key, session.kept, kv.mod_revision + 1, shared=True)
+        self._session_keepers[(etcd_key, kv.mod_revision)] = keeper
         return AcquireResult(True, owner, kv.mod_revision, session.ttl_s * 1000), keeper
 
     async def _settle_session_put(
         self, txn: Txn, etcd_key: bytes, value: bytes, session: Session
     ) -> None:
-        """Delete the key an interrupted session put left behind, if it did."""
+        """Delete the key an interrupted session put left behind, if it did and no hold
+        of this process has that tenure (the same owner may hold it twice here)."""
         while not session.kept.lost.is_set():
             try:
                 kv = await self._cas(txn)
                 if kv is not None and kv.lease == session.lease_id and kv.value == value:
-                    await self._cas(
-                        Txn.when(mod_revision_is(etcd_key, kv.mod_revision)).then(delete(etcd_key))
-                    )
+                    keeper = self._session_keepers.get((etcd_key, kv.mod_revision))
+                    if keeper is None or keeper.lost.is_set():
+                        await self._delete_tenure(etcd_key, kv.mod_revision)
                 return
             except BackendUnavailable:
                 await asyncio.sleep(1.0)  # the session lives on: so would the key
@@ -384,8 +396,29 @@ class EtcdBackend:
         self, etcd_key: bytes, kept: KeptLease, watch_from: int, *, shared: bool
     ) -> EtcdKeeper:
         return EtcdKeeper(
-            etcd_key, kept, watch_from, self._watches, self._keepalive, self._client, shared=shared
+            etcd_key,
+            kept,
+            watch_from,
+            self._watches,
+            self._keepalive,
+            self._client,
+            shared=shared,
+            abandon=self._delete_abandoned if shared else None,
         )
+
+    def _delete_abandoned(self, etcd_key: bytes, token: int) -> None:
+        self._in_background(self._delete_tenure(etcd_key, token))
+
+    async def _delete_tenure(self, etcd_key: bytes, token: int) -> None:
+        """Delete ``etcd_key`` if tenure ``token`` still has it; retried while unreachable."""
+        while not self._client.closed:
+            try:
+                await self._cas(Txn.when(mod_revision_is(etcd_key, token)).then(delete(etcd_key)))
+                return
+            except BackendUnavailable:
+                await asyncio.sleep(1.0)
+            except LeaseError:
+                return
 
     async def put_fenced(
         self, key: str, owner: str, token: int, data_key: str, value: bytes
@@ -459,7 +492,9 @@ class EtcdBackend:
     async def _send_copies(self, txn: Txn) -> tuple[pb.TxnResponse, bool]:
         """Send ``txn`` until a copy is answered; the answer, and whether any was lost.
 
-        Only for transactions whose copies land at most once between them.
+        Only for transactions whose copies land at most once between them. A copy
+        refused (say, etcd too busy) after an earlier copy's answer was lost says
+        nothing of that earlier copy: the outcome is unknown (BackendUnavailable).
         """
         for attempt in range(_CAS_ATTEMPTS):
             try:
@@ -467,6 +502,15 @@ class EtcdBackend:
             except BackendUnavailable:
                 if attempt == _CAS_ATTEMPTS - 1:
                     raise
+            except (BackendError, PermissionDenied) as exc:
+                # A lease gone is news enough: whatever landed under it is gone too.
+                if attempt == 0 or (
+                    isinstance(exc, BackendError) and self._client.is_lease_not_found(exc)
+                ):
+                    raise
+                raise BackendUnavailable(
+                    f"etcd refused a copy of a transaction whose earlier answer was lost: {exc}"
+                ) from exc
         raise AssertionError("unreachable")
 
     # How each step becomes etcd calls.
@@ -504,17 +548,18 @@ class EtcdBackend:
         """
         if not lease_id or is_session_lease(lease_id):
             return
-        if self._pool.owns(lease_id):
+        if self._pool.reusable(lease_id):
             self._pool.give_back(lease_id)
-        else:
+        else:  # not ours, or ours but not safe to reuse (see LeasePool.settled)
+            self._pool.forget(lease_id)
             self._in_background(self._revoke_quietly(lease_id))
 
     async def _renew(self, lease_id: int, requested: asyncio.Future[Renewal] | None = None) -> int:
         """Renew ``lease_id`` once over the shared stream (or wait for the renewal
         ``requested`` already); its TTL (s), 0 if it is gone."""
         if requested is None:
-            requested = self._keepalive.request_renewal(lease_id)
-        sent_at, ttl_s = await self._keepalive.answer(requested, lease_id, self._client.timeout)
+            requested = self._renewals.request_renewal(lease_id)
+        sent_at, ttl_s = await self._renewals.answer(requested, lease_id, self._client.timeout)
         if ttl_s > 0:
             self._pool.renewed(lease_id, sent_at + ttl_s)
         return ttl_s
@@ -534,9 +579,10 @@ class EtcdBackend:
         """
         renewal = None
         if grant.valid_until < started + grant.ttl_s:
-            renewal = self._keepalive.request_renewal(grant.lease_id)
+            renewal = self._renewals.request_renewal(grant.lease_id)
         try:
-            kv = await self._cas(txn)
+            response, answers_lost = await self._send_copies(txn)
+            kv = first_kv(response)
             alive = renewal is None or await self._renew(grant.lease_id, renewal) > 0
         except BaseException as exc:
             if renewal is not None:
@@ -545,7 +591,7 @@ class EtcdBackend:
                 self._pool.forget(grant.lease_id)
                 return Attached(None, None)  # it expired before the put: nothing landed
             if isinstance(exc, BackendError | PermissionDenied):
-                self._pool.give_back(grant.lease_id)  # refused: nothing landed
+                self._pool.put_back(grant)  # refused: nothing landed
                 raise
             if replaces is not None:
                 self._in_background(self._settle_move(txn, grant, replaces))
@@ -555,8 +601,9 @@ class EtcdBackend:
             self._pool.forget(grant.lease_id)
             self._in_background(self._revoke_quietly(grant.lease_id))
             raise
+        self._pool.settled(grant.lease_id, answers_lost=answers_lost)
         if kv is None or kv.lease != grant.lease_id:
-            self._pool.give_back(grant.lease_id)
+            self.lease_freed(grant.lease_id)
             return Attached(kv, None)
         if not alive:
             self._pool.forget(grant.lease_id)
@@ -571,10 +618,12 @@ class EtcdBackend:
         except LeaseError:
             self._pool.forget(grant.lease_id)  # unknown: left to expire
             return
-        if kv is not None and kv.lease == grant.lease_id:
-            self.lease_freed(replaced)
-        else:
-            self._pool.give_back(grant.lease_id)
+        self._pool.settled(grant.lease_id, answers_lost=True)
+        # If the key is not on it, no copy can put it there any more (the move
+        # compares the mod_revision it replaced): our lease carries nothing.
+        self.lease_freed(
+            replaced if kv is not None and kv.lease == grant.lease_id else grant.lease_id
+        )
 
     async def _cas(self, txn: Txn) -> pb.KeyValue | None:
         """Run a compare-and-swap whose branches read the key; the key as it stands after.
@@ -606,7 +655,7 @@ class EtcdBackend:
             # Another TTL needs another lease, unless etcd rounds both alike (its
             # minimum TTL, which this process may not have learnt yet).
             grant = await self._pool.take(self._ttl_s(ttl_ms))
-            self._pool.give_back(grant.lease_id)
+            self._pool.put_back(grant)
             if grant.ttl_s != granted:
                 return await self._move(etcd_key, kv, value, ttl_ms, started)
         return Tenure(kv.mod_revision, granted * 1000)
