@@ -73,3 +73,35 @@ async def test_an_expired_tenure_is_not_transferable(etcd_provider: EtcdLeasePro
         assert not await p.transfer_lease(key, "alice", "bob", 5000), f"trial {trial}"
         assert await p.get_lease_owner(key) is None
     assert in_window > 0, "never caught the window between expiry and deletion"
+
+
+async def reacquired_after(provider: EtcdLeaseProvider, key: str, trial: int) -> bool:
+    """alice re-acquires with another TTL (a new lease, a new token), a little later
+    each trial (0 to 3 ms); whether she got it."""
+    await asyncio.sleep(trial % 10 * 0.0003)
+    return (await provider.acquire_lease(key, "alice", 7000)).acquired
+
+
+@pytest.mark.parametrize("call", ["renew", "transfer"])
+async def test_a_call_racing_the_owner_moving_its_own_tenure_follows_it(
+    etcd_provider: EtcdLeaseProvider, call: str
+) -> None:
+    """While alice moves her tenure (re-acquire with another TTL), her renewal or her
+    transfer to bob must not be refused: she holds the key throughout (the model test
+    found renew answering False, issue 9)."""
+    p = etcd_provider
+    for trial in range(30):
+        key = f"k{trial}"
+        assert (await p.acquire_lease(key, "alice", 5000)).acquired
+        if call == "renew":
+            renewed, moved = await asyncio.gather(
+                p.renew_lease(key, "alice", 7000), reacquired_after(p, key, trial)
+            )
+            assert renewed and moved, f"trial {trial}: alice held the key throughout"
+        else:
+            transferred, _ = await asyncio.gather(
+                p.transfer_lease(key, "alice", "bob", 5000), reacquired_after(p, key, trial)
+            )
+            # Either order: transferred first (alice's re-acquire then fails), or after
+            # her move (then of her newer tenure); never refused while she holds it.
+            assert transferred and await p.get_lease_owner(key) == "bob", f"trial {trial}"

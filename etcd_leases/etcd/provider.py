@@ -257,26 +257,36 @@ class EtcdBackend:
         self._client.check_open()
         etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
         started = time.monotonic()
-        kv = await self._client.range(etcd_key)
-        if kv is None or kv.value != value:
-            return False
-        return await self._refresh(etcd_key, value, ttl_ms, kv, started) is not None
+        tried = 0
+        while True:
+            kv = await self._client.range(etcd_key)
+            if kv is None or kv.value != value or kv.mod_revision == tried:
+                return False
+            if await self._refresh(etcd_key, value, ttl_ms, kv, started) is not None:
+                return True
+            # That tenure ended: the owner may hold the key in a newer one (another
+            # call of its own moved it, say to another TTL), which is renewed then.
+            tried = kv.mod_revision
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         check_transfer_call(key, from_owner, to_owner, ttl_ms)
         self._client.check_open()
         etcd_key = self.etcd_key(key)
         started = time.monotonic()
-        kv = await self._client.range(etcd_key)
-        if kv is None or kv.value != from_owner.encode("utf-8"):
-            return False
-        # etcd deletes an expired lease's key up to 500 ms after its expiry (seconds
-        # under mass expiry): meanwhile the key still reads as held. A keep-alive
-        # answers 0 for an expired lease (after waiting for its revoke) and else
-        # makes it last a full TTL more, so it cannot expire before the move.
-        if kv.lease and not await self._renew(kv.lease):
-            return False
-        return await self._move(etcd_key, kv, to_owner.encode("utf-8"), ttl_ms, started) is not None
+        tried = 0
+        while True:
+            kv = await self._client.range(etcd_key)
+            if kv is None or kv.value != from_owner.encode("utf-8") or kv.mod_revision == tried:
+                return False
+            # etcd deletes an expired lease's key up to 500 ms after its expiry (seconds
+            # under mass expiry): meanwhile the key still reads as held. A keep-alive
+            # answers 0 for an expired lease (after waiting for its revoke) and else
+            # makes it last a full TTL more, so it cannot expire before the move.
+            if kv.lease and not await self._renew(kv.lease):
+                return False
+            if await self._move(etcd_key, kv, to_owner.encode("utf-8"), ttl_ms, started):
+                return True
+            tried = kv.mod_revision  # as in renew_lease: a newer tenure of from_owner?
 
     # The recipes' capabilities (see HoldingProvider).
 
