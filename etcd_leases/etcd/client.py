@@ -12,6 +12,7 @@ ID, revokes and keep-alives. A transaction whose outcome is unknown surfaces as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 import urllib.parse
@@ -503,6 +504,11 @@ class EtcdClient:
                 return False
             raise
         return True
+
+    async def revoke_quietly(self, lease_id: int) -> None:
+        """Revoke, best effort: an unreachable or closed cluster lets it expire instead."""
+        with contextlib.suppress(BackendUnavailable, ProviderClosed):
+            await self.revoke(lease_id)
 
     async def time_to_live(
         self, lease_id: int, *, keys: bool = False

@@ -22,15 +22,14 @@ under a lease of its own:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from etcd_leases.errors import BackendUnavailable, LeaseError, ProviderClosed
+from etcd_leases.errors import LeaseError
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.keepalive import KeepAliveLoop
+from etcd_leases.etcd.tasks import BackgroundTasks
 
 # A free lease with less than this share of its TTL known left is not handed out:
 # its renewal is overdue, something is wrong with it or with the stream.
@@ -61,6 +60,10 @@ class _Free:
     leases: dict[int, Grant] = field(default_factory=dict)
     taken: int = 0
     peak: int = 0
+
+    def returned(self) -> None:
+        """One lease taken from here is back, or gone."""
+        self.taken = max(0, self.taken - 1)
 
 
 class LeasePool:
@@ -93,7 +96,7 @@ class LeasePool:
         self._refilling: set[int] = set()  # the TTLs a grant is under way for
         self._closed = False
         self._sweeper: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks()
 
     def free_lease_ids(self) -> set[int]:
         """The leases free in the pool now (granted, renewed, carrying no key)."""
@@ -112,7 +115,7 @@ class LeasePool:
                     if not free.leases:  # the next taker should not wait for a grant
                         self._refill(ttl_s)
                     break
-                self._in_background(self._revoke(grant.lease_id))
+                self._background.start(self._client.revoke_quietly(grant.lease_id))
             else:
                 grant = await self._grant(ttl_s)
         except BaseException:
@@ -160,7 +163,7 @@ class LeasePool:
         grant = self._out.pop(lease_id)
         # Filed by the TTL etcd granted, which is what later takers ask for.
         free = self._free.setdefault(grant.ttl_s, _Free())
-        free.taken = max(0, free.taken - 1)
+        free.returned()
         if self._closed or self._keepalive.is_kept(lease_id):
             return
         if grant.valid_until <= time.monotonic():  # it may be gone already
@@ -175,8 +178,7 @@ class LeasePool:
         self._unsettled.discard(lease_id)
         self._tainted.discard(lease_id)
         if grant is not None and grant.ttl_s in self._free:
-            free = self._free[grant.ttl_s]
-            free.taken = max(0, free.taken - 1)
+            self._free[grant.ttl_s].returned()
 
     async def close(self) -> None:
         """Revoke the free leases (best effort); the pool hands out nothing more."""
@@ -185,15 +187,14 @@ class LeasePool:
             self._sweeper.cancel()
         leases = self.free_lease_ids()
         self._free.clear()
-        await asyncio.gather(*(self._revoke(lease_id) for lease_id in leases))
-        if self._background:
-            await asyncio.wait(self._background, timeout=self._client.timeout)
+        await asyncio.gather(*(self._client.revoke_quietly(lease_id) for lease_id in leases))
+        await self._background.wait(self._client.timeout)
 
     def _refill(self, ttl_s: int) -> None:
         """Grant one more free lease of ``ttl_s`` in the background."""
         if ttl_s not in self._refilling:
             self._refilling.add(ttl_s)
-            self._in_background(self._grant_ahead(ttl_s))
+            self._background.start(self._grant_ahead(ttl_s))
 
     async def _grant_ahead(self, ttl_s: int) -> None:
         try:
@@ -203,7 +204,7 @@ class LeasePool:
         finally:
             self._refilling.discard(ttl_s)
         if self._closed:
-            await self._revoke(grant.lease_id)
+            await self._client.revoke_quietly(grant.lease_id)
             return
         free = self._free.setdefault(grant.ttl_s, _Free())
         # The least recently used end: the leases just given back go first.
@@ -264,13 +265,4 @@ class LeasePool:
             while len(free.leases) > keep:
                 lease_id = next(iter(free.leases))  # the least recently used
                 del free.leases[lease_id]
-                self._in_background(self._revoke(lease_id))
-
-    async def _revoke(self, lease_id: int) -> None:
-        with contextlib.suppress(BackendUnavailable, ProviderClosed):
-            await self._client.revoke(lease_id)
-
-    def _in_background(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+                self._background.start(self._client.revoke_quietly(lease_id))

@@ -16,14 +16,13 @@ The invariants (see the README's "How it maps onto etcd"):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 import weakref
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
 from etcd_leases.contract import (
     AcquireResult,
@@ -39,7 +38,6 @@ from etcd_leases.errors import (
     LeaseLost,
     LeaseValueError,
     PermissionDenied,
-    ProviderClosed,
 )
 from etcd_leases.etcd.batch import TxnBatcher
 from etcd_leases.etcd.client import EtcdClient, is_session_lease, new_lease_id
@@ -47,6 +45,7 @@ from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease, Renewal
 from etcd_leases.etcd.keeper import EtcdKeeper, owner_of
 from etcd_leases.etcd.pool import Grant, LeasePool
 from etcd_leases.etcd.session import Session, Sessions
+from etcd_leases.etcd.tasks import BackgroundTasks
 from etcd_leases.etcd.txn import (
     Txn,
     create_revision_is,
@@ -145,7 +144,7 @@ class EtcdBackend:
         )
         # Transactions that arrive together share one consensus round.
         self._batcher = TxnBatcher(self._client)
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks()
 
     @classmethod
     def from_env(cls, **overrides: object) -> Self:
@@ -194,8 +193,7 @@ class EtcdBackend:
         Held leases are lost (their keepers stop); waiters and watchers raise
         ProviderClosed.
         """
-        if self._background:
-            await asyncio.wait(self._background, timeout=self._client.timeout)
+        await self._background.wait(self._client.timeout)
         if not self._client.closed:
             await asyncio.gather(self._sessions.close(), self._pool.close())
         await self._keepalive.close()
@@ -257,27 +255,17 @@ class EtcdBackend:
         self._client.check_open()
         etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
         started = time.monotonic()
-        tried = 0
-        while True:
-            kv = await self._client.range(etcd_key)
-            if kv is None or kv.value != value or kv.mod_revision == tried:
-                return False
+        async for kv in self._tenures_of(etcd_key, value):
             if await self._refresh(etcd_key, value, ttl_ms, kv, started) is not None:
                 return True
-            # That tenure ended: the owner may hold the key in a newer one (another
-            # call of its own moved it, say to another TTL), which is renewed then.
-            tried = kv.mod_revision
+        return False
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         check_transfer_call(key, from_owner, to_owner, ttl_ms)
         self._client.check_open()
         etcd_key = self.etcd_key(key)
         started = time.monotonic()
-        tried = 0
-        while True:
-            kv = await self._client.range(etcd_key)
-            if kv is None or kv.value != from_owner.encode("utf-8") or kv.mod_revision == tried:
-                return False
+        async for kv in self._tenures_of(etcd_key, from_owner.encode("utf-8")):
             # etcd deletes an expired lease's key up to 500 ms after its expiry (seconds
             # under mass expiry): meanwhile the key still reads as held. A keep-alive
             # answers 0 for an expired lease (after waiting for its revoke) and else
@@ -286,7 +274,19 @@ class EtcdBackend:
                 return False
             if await self._move(etcd_key, kv, to_owner.encode("utf-8"), ttl_ms, started):
                 return True
-            tried = kv.mod_revision  # as in renew_lease: a newer tenure of from_owner?
+        return False
+
+    async def _tenures_of(self, etcd_key: bytes, value: bytes) -> AsyncIterator[pb.KeyValue]:
+        """The key while ``value`` holds it: as read now, then, each time the caller's
+        step on a tenure failed, the newer tenure of the same owner, if there is one (a
+        call of its own may have moved it, say to another TTL)."""
+        tried = 0
+        while True:
+            kv = await self._client.range(etcd_key)
+            if kv is None or kv.value != value or kv.mod_revision == tried:
+                return
+            yield kv
+            tried = kv.mod_revision
 
     # The recipes' capabilities (see HoldingProvider).
 
@@ -354,7 +354,7 @@ class EtcdBackend:
                 continue
             except BaseException:
                 # The put may have landed, and nobody would hold the key: undo it.
-                self._in_background(self._settle_session_put(txn, etcd_key, value, session))
+                self._background.start(self._settle_session_put(txn, etcd_key, value, session))
                 raise
             # The session lease is shared, by other keys and by other owners of this
             # process: the put landed if the key shows our value on it.
@@ -417,7 +417,7 @@ class EtcdBackend:
         )
 
     def _delete_abandoned(self, etcd_key: bytes, token: int) -> None:
-        self._in_background(self._delete_tenure(etcd_key, token))
+        self._background.start(self._delete_tenure(etcd_key, token))
 
     async def _delete_tenure(self, etcd_key: bytes, token: int) -> None:
         """Delete ``etcd_key`` if tenure ``token`` still has it; retried while unreachable."""
@@ -536,16 +536,11 @@ class EtcdBackend:
             granted = await self._client.grant(ttl_s, lease_id)
         except BaseException:
             # The grant may have landed: revoke it (invariant 4), whatever happens here.
-            self._in_background(self._revoke_quietly(lease_id))
+            self._background.start(self._client.revoke_quietly(lease_id))
             raise
         if granted > ttl_s:
             self._min_ttl_s = max(self._min_ttl_s, granted)
         return Grant(lease_id, granted, sent_at + granted)
-
-    async def _revoke_quietly(self, lease_id: int) -> None:
-        """Best-effort cleanup: an unreachable cluster lets the lease expire instead."""
-        with contextlib.suppress(BackendUnavailable, ProviderClosed):
-            await self._client.revoke(lease_id)
 
     def lease_freed(self, lease_id: int) -> None:
         """This process deleted the key on ``lease_id`` or moved it to another lease.
@@ -562,11 +557,11 @@ class EtcdBackend:
             self._pool.give_back(lease_id)
         else:  # not ours, or ours but not safe to reuse (see LeasePool.settled)
             self._pool.forget(lease_id)
-            self._in_background(self._revoke_quietly(lease_id))
+            self._background.start(self._client.revoke_quietly(lease_id))
 
     async def _renew(self, lease_id: int, requested: asyncio.Future[Renewal] | None = None) -> int:
-        """Renew ``lease_id`` once over the shared stream (or wait for the renewal
-        ``requested`` already); its TTL (s), 0 if it is gone."""
+        """Renew ``lease_id`` once on the one-shot renewal stream (or wait for the
+        renewal ``requested`` already); its TTL (s), 0 if it is gone."""
         if requested is None:
             requested = self._renewals.request_renewal(lease_id)
         sent_at, ttl_s = await self._renewals.answer(requested, lease_id, self._client.timeout)
@@ -604,12 +599,12 @@ class EtcdBackend:
                 self._pool.put_back(grant)  # refused: nothing landed
                 raise
             if replaces is not None:
-                self._in_background(self._settle_move(txn, grant, replaces))
+                self._background.start(self._settle_move(txn, grant, replaces))
                 raise
             # The put may have landed under it: revoking the lease, which carries at
             # most this attempt, ends that tenure before anyone relies on it.
             self._pool.forget(grant.lease_id)
-            self._in_background(self._revoke_quietly(grant.lease_id))
+            self._background.start(self._client.revoke_quietly(grant.lease_id))
             raise
         self._pool.settled(grant.lease_id, answers_lost=answers_lost)
         if kv is None or kv.lease != grant.lease_id:
@@ -665,16 +660,23 @@ class EtcdBackend:
             # Another TTL needs another lease, unless etcd rounds both alike (its
             # minimum TTL, which this process may not have learnt yet).
             grant = await self._pool.take(self._ttl_s(ttl_ms))
-            self._pool.put_back(grant)
             if grant.ttl_s != granted:
-                return await self._move(etcd_key, kv, value, ttl_ms, started)
+                return await self._move(etcd_key, kv, value, ttl_ms, started, grant)
+            self._pool.put_back(grant)
         return Tenure(kv.mod_revision, granted * 1000)
 
     async def _move(
-        self, etcd_key: bytes, kv: pb.KeyValue, value: bytes, ttl_ms: int, started: float
+        self,
+        etcd_key: bytes,
+        kv: pb.KeyValue,
+        value: bytes,
+        ttl_ms: int,
+        started: float,
+        grant: Grant | None = None,
     ) -> Tenure | None:
-        """Put ``value`` on the key under a lease of its own if ``kv`` still holds it."""
-        grant = await self._pool.take(self._ttl_s(ttl_ms))
+        """Put ``value`` on the key under a lease of its own (``grant``, taken from the
+        pool if not given) if ``kv`` still holds it."""
+        grant = grant or await self._pool.take(self._ttl_s(ttl_ms))
         moved = await self._attach(
             Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
             .then(put(etcd_key, value, grant.lease_id), get(etcd_key))
@@ -686,8 +688,3 @@ class EtcdBackend:
         if moved.kv is not None and moved.kv.lease == grant.lease_id:
             self.lease_freed(kv.lease)  # the old tenure's, now without its key
         return moved.tenure
-
-    def _in_background(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._background.add(task)  # a reference, so the task is not collected
-        task.add_done_callback(self._background.discard)

@@ -24,15 +24,13 @@ Only ``hold`` (and so ``Election`` and agent threads) use sessions: a key taken 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
-from etcd_leases.errors import BackendUnavailable, ProviderClosed
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
 from etcd_leases.etcd.pool import Grant
+from etcd_leases.etcd.tasks import BackgroundTasks
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ class Sessions:
         self._sessions: dict[int, Session] = {}
         self._ids: set[int] = set()  # every session lease not revoked yet
         self._granting: dict[int, asyncio.Lock] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks()
 
     def is_session(self, lease_id: int) -> bool:
         """Whether ``lease_id`` is a session lease of this provider."""
@@ -89,22 +87,15 @@ class Sessions:
         for session in sessions:
             self._keepalive.release(session.kept)
         await asyncio.gather(*(self._revoke(session.lease_id) for session in sessions))
-        if self._background:
-            await asyncio.wait(self._background, timeout=self._client.timeout)
+        await self._background.wait(self._client.timeout)
 
     def _ended(self, ttl_s: int, session: Session) -> None:
         """A session lost: its keys are lost with it; revoke what etcd may still keep."""
         if self._sessions.get(ttl_s) is session:
             del self._sessions[ttl_s]
         if not self._keepalive.closed:
-            self._in_background(self._revoke(session.lease_id))
+            self._background.start(self._revoke(session.lease_id))
 
     async def _revoke(self, lease_id: int) -> None:
-        with contextlib.suppress(BackendUnavailable, ProviderClosed):
-            await self._client.revoke(lease_id)
+        await self._client.revoke_quietly(lease_id)
         self._ids.discard(lease_id)
-
-    def _in_background(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
