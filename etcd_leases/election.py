@@ -28,6 +28,8 @@ _log = logging.getLogger(__name__)
 # Waiting out an unreachable etcd: first retry after this, doubling up to the max.
 _RETRY_MIN_S = 0.1
 _RETRY_MAX_S = 1.0
+# How long run waits for on_new_leader's first report before campaigning anyway.
+_FIRST_REPORT_S = 1.0
 # While etcd stays unreachable, say so this often.
 _LOG_EVERY_S = 10.0
 
@@ -154,8 +156,15 @@ class Election:
         campaigning and logs a warning every few seconds.
         """
         stop = stop or asyncio.Event()
-        observer = asyncio.get_running_loop().create_task(self._report_leaders(on_new_leader))
+        reported = asyncio.Event()
+        observer = asyncio.get_running_loop().create_task(
+            self._report_leaders(on_new_leader, reported)
+        )
         try:
+            # on_new_leader first hears of the seat as run found it, before this
+            # candidate's own campaign changes it (unless etcd is slow to answer).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(reported.wait(), _FIRST_REPORT_S)
             while not stop.is_set():
                 if not await self._campaign_until(stop):
                     return
@@ -229,9 +238,13 @@ class Election:
             return True
         return False
 
-    async def _report_leaders(self, on_new_leader: Callback | None) -> None:
-        """Tell ``on_new_leader`` of each change, watching again after an outage."""
+    async def _report_leaders(
+        self, on_new_leader: Callback | None, reported: asyncio.Event
+    ) -> None:
+        """Tell ``on_new_leader`` of each change, watching again after an outage;
+        ``reported`` is set once it heard of the first leader (or there is nobody to tell)."""
         if on_new_leader is None:
+            reported.set()
             return
         last: object = object()
         backoff = _RETRY_MIN_S
@@ -242,6 +255,7 @@ class Election:
                     if leader != last:
                         last = leader
                         await _call(on_new_leader, leader)
+                        reported.set()
                 return
             except BackendUnavailable as exc:
                 _log.warning(
