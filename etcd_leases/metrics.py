@@ -33,7 +33,7 @@ from typing import Any, Self, TypeVar
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from etcd_leases.contract import AcquireResult, HoldingProvider, Keeper, OwnerState
-from etcd_leases.etcd.keepalive import DEADLINE_PASSED
+from etcd_leases.etcd.kept_lease import DEADLINE_PASSED
 from etcd_leases.hold import Holding
 
 T = TypeVar("T")

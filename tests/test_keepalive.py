@@ -10,11 +10,11 @@ import pytest
 
 from etcd_leases.errors import ProviderClosed
 from etcd_leases.etcd.client import EtcdClient, new_lease_id
-from etcd_leases.etcd.keepalive import (
+from etcd_leases.etcd.keepalive import KeepAliveLoop
+from etcd_leases.etcd.kept_lease import (
     DEADLINE_PASSED,
     LEASE_NOT_FOUND,
     PROVIDER_CLOSED,
-    KeepAliveLoop,
     KeptLease,
 )
 from etcd_leases.testing import EtcdCluster, EtcdMember

@@ -139,3 +139,33 @@ async def test_a_tenure_given_up_without_seeing_its_key_change_deletes_the_key(
             assert await etcd_provider.get_lease_owner("k") is None
         assert not other.lost.is_set()
         assert await etcd_provider.get_lease_owner("other") == "me"
+
+
+async def test_a_tenure_taken_as_etcd_resumes_starts_alive(etcd_binary: str) -> None:
+    """A hold taken while etcd is frozen, answered once it resumes, is not born lost.
+
+    The session lease granted then was requested during the freeze: counted from its
+    request, its TTL is over when the answer comes. Issue 14 saw ``elect`` take a term
+    and lose it 1 ms later ("deadline passed without a renewal"), then take another: a
+    new tenure's deadline must count from a renewal answered for it.
+    """
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        async with EtcdLeaseProvider(etcd.endpoints, timeout=5.0) as provider:
+            async with provider.hold("before", "me", 1000) as before:
+                etcd.members[0].pause()
+                try:
+                    await asyncio.wait_for(before.lost.wait(), 5)  # the session is lost
+                    taking = asyncio.create_task(_hold_for(provider, "after", 0.5))
+                    await asyncio.sleep(1.5)  # the new session's grant waits for etcd
+                finally:
+                    etcd.members[0].resume()
+                lost_while_held = await asyncio.wait_for(taking, 10)
+            assert lost_while_held is None
+
+
+async def _hold_for(provider: EtcdLeaseProvider, key: str, seconds: float) -> str | None:
+    """Hold ``key`` for ``seconds``; why it was lost meanwhile, if it was."""
+    async with provider.hold(key, "me", 1000) as lease:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(lease.lost.wait(), seconds)
+        return lease.lost_reason

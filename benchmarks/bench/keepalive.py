@@ -18,7 +18,7 @@ from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseError
 from .checks import Checks
 from .config import ADMISSION, HoldCase
 from .etcd_metrics import EtcdMetrics
-from .hogs import cpu_hogs
+from etcd_leases.testing.load import cpu_hogs
 from .stats import CpuMeter
 
 HOGS = 2

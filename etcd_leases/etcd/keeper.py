@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 from etcd_leases.errors import LeaseError
 from etcd_leases.etcd.client import EtcdClient
-from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
+from etcd_leases.etcd.keepalive import KeepAliveLoop
+from etcd_leases.etcd.kept_lease import KeptLease
 from etcd_leases.etcd.watch import Watcher, WatchStream
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 

@@ -41,8 +41,9 @@ from etcd_leases.errors import (
 )
 from etcd_leases.etcd.batch import TxnBatcher
 from etcd_leases.etcd.client import EtcdClient, is_session_lease, new_lease_id
-from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease, Renewal
+from etcd_leases.etcd.keepalive import KeepAliveLoop, Renewal
 from etcd_leases.etcd.keeper import EtcdKeeper, owner_of
+from etcd_leases.etcd.kept_lease import KeptLease
 from etcd_leases.etcd.pool import Grant, LeasePool
 from etcd_leases.etcd.session import Session, Sessions
 from etcd_leases.etcd.tasks import BackgroundTasks
@@ -330,7 +331,12 @@ class EtcdBackend:
         self._client.check_open()
         etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
         kv: pb.KeyValue | None = None
+        deadline = time.monotonic() + self._client.timeout
         while True:
+            if time.monotonic() > deadline:
+                raise BackendUnavailable(
+                    "etcd: no session lease stayed alive long enough to put the key on it"
+                )
             session = await self._sessions.get(self._ttl_s(ttl_ms))
             if kv is None:  # free when last read: create it
                 compare = create_revision_is(etcd_key, 0)
@@ -345,6 +351,7 @@ class EtcdBackend:
                 .then(put(etcd_key, value, session.lease_id), get(etcd_key))
                 .otherwise(get(etcd_key))
             )
+            renewal = self._sessions.renewal(session)  # answered alongside the put
             try:
                 now = await self._cas(txn)
             except BackendError as exc:
@@ -361,7 +368,10 @@ class EtcdBackend:
             if now is not None and now.lease == session.lease_id and now.value == value:
                 if kv is not None:
                     self.lease_freed(kv.lease)
-                return self._session_tenure(owner, etcd_key, now, session)
+                if await self._sessions.confirm(session, renewal, self._client.timeout):
+                    return self._session_tenure(owner, etcd_key, now, session)
+                # The session's deadline passed before the put was answered (etcd
+                # stalled): that tenure never started. Move the key onto a live session.
             kv = now
 
     def _session_tenure(

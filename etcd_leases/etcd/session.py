@@ -12,7 +12,10 @@ What this means for a held key (see the README's "Guarantees"):
   by anyone) or when the session lease is lost, which ends every key on it at once,
   as all leases of a process that stops answering would end anyway.
 - Its holder's deadline is the session's: the send time of the session's last
-  answered renewal plus its TTL, never later than etcd's.
+  answered renewal plus its TTL, never later than etcd's. A tenure starts only once
+  a renewal of the session requested with (or after) its put was answered in time
+  (:meth:`Sessions.confirm`): a session granted or renewed while etcd stalled may be
+  past its deadline by the time the put is answered.
 - A release deletes the key and leaves the lease to the others. Nothing revokes a
   session lease but its provider: when it is lost (so its keys are lost already),
   and when the provider closes.
@@ -27,8 +30,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from etcd_leases.errors import BackendUnavailable
 from etcd_leases.etcd.client import EtcdClient
-from etcd_leases.etcd.keepalive import KeepAliveLoop, KeptLease
+from etcd_leases.etcd.keepalive import KeepAliveLoop, Renewal
+from etcd_leases.etcd.kept_lease import KeptLease
 from etcd_leases.etcd.pool import Grant
 from etcd_leases.etcd.tasks import BackgroundTasks
 
@@ -57,6 +62,8 @@ class Sessions:
         self._sessions: dict[int, Session] = {}
         self._ids: set[int] = set()  # every session lease not revoked yet
         self._granting: dict[int, asyncio.Lock] = {}
+        # Per session lease, the one-shot renewal on its way that acquires share.
+        self._renewing: dict[int, asyncio.Future[Renewal]] = {}
         self._background = BackgroundTasks()
 
     def is_session(self, lease_id: int) -> bool:
@@ -76,6 +83,40 @@ class Sessions:
             kept.add_loss_callback(lambda _: self._ended(ttl_s, session))
             self._sessions[ttl_s] = session
             return session
+
+    def renewal(self, session: Session) -> asyncio.Future[Renewal]:
+        """A renewal of ``session``'s lease requested now, or one on its way already.
+
+        Concurrent acquires share one: a keep-alive message, not one per key.
+        """
+        answer = self._renewing.get(session.lease_id)
+        if answer is None or answer.done():
+            answer = self._keepalive.request_renewal(session.lease_id)
+            self._renewing[session.lease_id] = answer
+            answer.add_done_callback(lambda done: self._forget_renewal(session.lease_id, done))
+        return answer
+
+    async def confirm(
+        self, session: Session, renewal: asyncio.Future[Renewal], timeout: float
+    ) -> bool:
+        """Whether ``session`` is live once ``renewal`` was answered: a tenure put on it
+        then counts from a renewal answered for it, never from an older one."""
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(renewal)  # shared: one waiter's timeout ends no other's
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"etcd: a keep-alive of session lease {session.lease_id:x} was not answered "
+                f"in {timeout:.1f} s"
+            ) from None
+        # The keep-alive loop applied the answer: valid_until moved, or the lease is lost.
+        return session.kept.remaining() > 0
+
+    def _forget_renewal(self, lease_id: int, answer: asyncio.Future[Renewal]) -> None:
+        if self._renewing.get(lease_id) is answer:
+            del self._renewing[lease_id]
+        if not answer.cancelled():
+            answer.exception()  # retrieved: a closed provider fails every waiter anyway
 
     def lose(self, session: Session, reason: str) -> None:
         """etcd no longer has ``session``'s lease (say, it refused a put under it)."""

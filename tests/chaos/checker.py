@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from etcd_leases.etcd.keepalive import LEASE_NOT_FOUND
+from etcd_leases.etcd.kept_lease import LEASE_NOT_FOUND
 from etcd_leases.etcd.version import has_bug_15247
 
 Record = dict[str, Any]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from etcd_leases.etcd.keepalive import DEADLINE_PASSED, LEASE_NOT_FOUND
+from etcd_leases.etcd.kept_lease import DEADLINE_PASSED, LEASE_NOT_FOUND
 from tests.chaos.checker import Record, Report, check
 
 V = "3.4.23"

@@ -1,4 +1,4 @@
-"""A loaded host: CPU hogs this benchmark starts, and kills by pid when done."""
+"""A loaded host: CPU hogs for tests and benchmarks, killed by pid when done."""
 
 from __future__ import annotations
 

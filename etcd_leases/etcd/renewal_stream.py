@@ -1,0 +1,232 @@
+"""One ``LeaseKeepAlive`` stream to one etcd member, and what it has not answered.
+
+A member answers a stream's requests in order, one at a time: a follower forwards
+each renewal to the leader and waits for it, so a follower whose leader froze holds
+every later request of the stream behind the stuck one. A :class:`RenewalStream`
+therefore never blocks its sender: requests go into a queue that a writer task of
+its own drains, and the time a request was queued (never later than its send, so a
+safe start for the TTL etcd answers) is remembered until its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+import grpc
+import grpc.aio
+
+from etcd_leases.errors import LeaseError, ProviderClosed
+from etcd_leases.etcd.client import EtcdClient, to_lease_error
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+
+__all__ = ["Inflight", "Renewal", "RenewalStream", "cancelling"]
+
+# A one-shot renewal's answer: when its request was sent, and the TTL etcd answered.
+Renewal = tuple[float, int]
+# A request sent and not answered yet: its send time, and who waits for its answer.
+Inflight = tuple[float, "asyncio.Future[Renewal] | None"]
+_Call = grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse]
+AnswerHandler = Callable[["RenewalStream", pb.LeaseKeepAliveResponse, Inflight | None], None]
+EndHandler = Callable[["RenewalStream"], None]
+
+_log = logging.getLogger("etcd_leases.etcd.keepalive")
+
+# Hand the event loop back every so many writes of a burst.
+_YIELD_EVERY = 256
+# etcd's error for an expired auth token (etcdserver/api/v3rpc/rpctypes).
+_INVALID_TOKEN = "invalid auth token"
+
+
+def cancelling() -> bool:
+    """True when the current task itself is being cancelled.
+
+    gRPC raises ``CancelledError`` into whoever waits on a call that was cancelled
+    locally (by us, or by the channel closing); only a cancellation of the task
+    must propagate, the other kind just means the stream is over.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+class RenewalStream:
+    """A ``LeaseKeepAlive`` stream on endpoint ``endpoint`` of a client.
+
+    ``on_answer(stream, response, inflight)`` runs for every answer, with the request
+    it answers (``None`` if unknown); ``on_end(stream)`` runs once when the stream
+    ends, for whatever reason (``failure`` then says why, ``failed`` whether the
+    member is to blame).
+    """
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        endpoint: int,
+        call: _Call,
+        on_answer: AnswerHandler,
+        on_end: EndHandler,
+    ) -> None:
+        self.endpoint = endpoint
+        self._client = client
+        self._call = call
+        self._on_answer = on_answer
+        self._on_end = on_end
+        # Per lease ID, oldest first: etcd answers a stream's requests in order.
+        self._inflight: dict[int, deque[Inflight]] = {}
+        self._queue: deque[pb.LeaseKeepAliveRequest] = deque()
+        self._queued = asyncio.Event()
+        #: Requests sent and not answered.
+        self.outstanding = 0
+        #: The last answer, or the first request after a quiet spell.
+        self.progress_at = 0.0
+        #: Whether the stream answered at least once.
+        self.answered = False
+        #: Why the stream ended, once it has.
+        self.failure: str | None = None
+        #: Whether the member is to blame for the end.
+        self.failed = False
+        loop = asyncio.get_running_loop()
+        self._tasks = (
+            loop.create_task(self._write_all(), name="etcd-leases keep-alive writer"),
+            loop.create_task(self._read_all(), name="etcd-leases keep-alive reader"),
+        )
+
+    @classmethod
+    async def open(
+        cls,
+        client: EtcdClient,
+        endpoint: int,
+        on_answer: AnswerHandler,
+        on_end: EndHandler,
+        login_timeout: float,
+    ) -> RenewalStream | str:
+        """A stream on ``endpoint``, or why it could not be opened."""
+        try:
+            # A frozen member never answers a login: give up on it for this round.
+            async with asyncio.timeout(login_timeout):
+                metadata = await client.metadata(endpoint)
+            call = client.keep_alive_stream(metadata, endpoint)
+        except TimeoutError:
+            return f"no login answer in {login_timeout:.2f} s"
+        except grpc.aio.AioRpcError as exc:
+            return str(to_lease_error(exc))
+        except ProviderClosed:
+            raise
+        except LeaseError as exc:
+            return str(exc)
+        except asyncio.CancelledError:
+            # A login call cancelled by the channel closing, not us.
+            if cancelling():
+                raise
+            return "the login call was cancelled"
+        return cls(client, endpoint, call, on_answer, on_end)
+
+    @property
+    def ended(self) -> bool:
+        return self.failure is not None
+
+    def send(
+        self,
+        lease_id: int,
+        request: pb.LeaseKeepAliveRequest,
+        answer: asyncio.Future[Renewal] | None,
+        sent_at: float,
+    ) -> None:
+        """Queue ``request``; ``sent_at`` (no later than now) starts its TTL if answered."""
+        if self.ended:
+            return
+        requests = self._inflight.get(lease_id)
+        if requests is None:
+            requests = self._inflight[lease_id] = deque()
+        requests.append((sent_at, answer))
+        if self.outstanding == 0:
+            self.progress_at = sent_at
+        self.outstanding += 1
+        self._queue.append(request)
+        self._queued.set()
+
+    def unanswered(self) -> list[tuple[int, asyncio.Future[Renewal]]]:
+        """The one-shot renewals sent here and not answered, whose callers still wait."""
+        return [
+            (lease_id, answer)
+            for lease_id, requests in self._inflight.items()
+            for _, answer in requests
+            if answer is not None and not answer.done()
+        ]
+
+    def end(self, reason: str, *, failed: bool) -> None:
+        """End the stream (idempotent); ``failed``: the member did not serve us."""
+        if self.ended:
+            return
+        self.failure = reason
+        self.failed = failed
+        self._call.cancel()
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        self._on_end(self)
+
+    async def wait_ended(self) -> None:
+        """Return once both tasks of the stream are over."""
+        await asyncio.wait(self._tasks)
+
+    async def _write_all(self) -> None:
+        written = 0
+        try:
+            while True:
+                while not self._queue:
+                    self._queued.clear()
+                    await self._queued.wait()
+                await self._call.write(self._queue.popleft())
+                written += 1
+                if written % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+        except grpc.aio.AioRpcError as exc:
+            self.end(self._describe(exc), failed=True)
+        except asyncio.InvalidStateError:  # the call already ended
+            self.end("the keep-alive stream ended", failed=True)
+        except asyncio.CancelledError:
+            if cancelling():
+                raise
+            self.end("the keep-alive stream was cancelled", failed=True)
+
+    async def _read_all(self) -> None:
+        try:
+            while True:
+                response = await self._call.read()
+                if not isinstance(response, pb.LeaseKeepAliveResponse):
+                    self.end("etcd closed the keep-alive stream", failed=True)
+                    return
+                self._answer(response)
+        except grpc.aio.AioRpcError as exc:
+            self.end(self._describe(exc), failed=True)
+        except asyncio.CancelledError:
+            if cancelling():
+                raise
+            self.end("the keep-alive stream was cancelled", failed=True)
+        except Exception:
+            # Never let the reader die with an error nobody retrieves.
+            _log.exception("the keep-alive reader failed")
+            self.end("unexpected error in the keep-alive reader", failed=True)
+
+    def _answer(self, response: pb.LeaseKeepAliveResponse) -> None:
+        self.answered = True
+        self.progress_at = time.monotonic()
+        if self.outstanding > 0:
+            self.outstanding -= 1
+        inflight: Inflight | None = None
+        requests = self._inflight.get(response.ID)
+        if requests:
+            inflight = requests.popleft()
+            if not requests:
+                del self._inflight[response.ID]
+        self._on_answer(self, response, inflight)
+
+    def _describe(self, exc: grpc.aio.AioRpcError) -> str:
+        if _INVALID_TOKEN in (exc.details() or ""):
+            self._client.invalidate_token(self.endpoint)
+        return str(to_lease_error(exc))
