@@ -261,6 +261,41 @@ def test_atexit_kills_leftovers(tmp_path: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.parametrize("handler", ["default", "own"])
+def test_sigterm_kills_the_members_too(handler: str) -> None:
+    """A process stopped with SIGTERM (as CI stops pytest) takes its members with it,
+    and still ends as it would have: killed by the signal, or by its own handler."""
+    own = "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))" if handler == "own" else ""
+    code = textwrap.dedent(
+        f"""
+        import signal, sys, time
+        {own}
+        from etcd_leases.testing import EtcdCluster
+        cluster = EtcdCluster(3)
+        cluster.start()
+        print(*(m.pid for m in cluster.members), cluster.directory, flush=True)
+        time.sleep(60)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    *pid_texts, directory = child.stdout.readline().split()
+    pids = [int(text) for text in pid_texts]
+    try:
+        assert all(not _gone(pid) for pid in pids)
+        child.send_signal(signal.SIGTERM)
+        returncode = child.wait(timeout=30)
+        assert returncode == (7 if handler == "own" else -signal.SIGTERM)
+        assert all(_gone(pid) for pid in pids)
+        assert not os.path.exists(directory)
+    finally:
+        child.kill()
+        child.wait()
+        for pid in pids:
+            if not _gone(pid):  # our grandchildren: clean up after a failed assertion
+                os.kill(pid, signal.SIGKILL)
+
+
 # -- three members ----------------------------------------------------------
 
 

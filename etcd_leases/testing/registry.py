@@ -2,6 +2,10 @@
 
 An :mod:`atexit` hook kills (by pid) every etcd still running when the interpreter
 exits and removes the temporary directories of clusters that were never stopped.
+``SIGTERM`` (a CI runner or a user stopping pytest) ends a Python process without
+running :mod:`atexit` hooks, so the first etcd started from the main thread also
+installs a ``SIGTERM`` handler that cleans up, then lets the signal do what it did
+before. Only ``SIGKILL`` of this process leaves its etcd members behind.
 """
 
 from __future__ import annotations
@@ -10,10 +14,12 @@ import atexit
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
 from collections.abc import Sequence
+from types import FrameType
 
 _HOST = "127.0.0.1"
 
@@ -29,6 +35,37 @@ _reserved_ports: set[int] = set()
 def _register_process(process: subprocess.Popen[bytes]) -> None:
     with _registry_lock:
         _processes[process.pid] = (os.getpid(), process)
+    _clean_up_on_sigterm()
+
+
+# The SIGTERM handler this module replaced, once it has (per process).
+_replaced_sigterm: dict[int, signal.Handlers | object] = {}
+
+
+def _clean_up_on_sigterm() -> None:
+    """Install the SIGTERM handler, once per process, if we can (the main thread)."""
+    if (
+        os.getpid() in _replaced_sigterm
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN or previous is None or previous is _on_sigterm:
+        # Ignored on purpose, installed outside Python, or inherited through fork.
+        return
+    _replaced_sigterm[os.getpid()] = previous
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _cleanup_at_exit()
+    previous = _replaced_sigterm.get(os.getpid(), signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # The default: die of SIGTERM, as the process would have without us.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _forget_process(process: subprocess.Popen[bytes]) -> None:
