@@ -9,7 +9,8 @@ import pytest
 from etcd_leases import EtcdLeaseProvider
 from etcd_leases.errors import BackendError
 from etcd_leases.etcd.batch import TxnBatcher, written_keys
-from etcd_leases.etcd.client import EtcdClient, new_lease_id
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.etcd.txn import (
     Txn,
     create_revision_is,

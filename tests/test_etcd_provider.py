@@ -9,8 +9,8 @@ import time
 import pytest
 
 from etcd_leases import BackendUnavailable, EtcdLeaseProvider, LeaseValueError, ProviderClosed
-from etcd_leases.etcd.client import parse_endpoints
 from etcd_leases.etcd.keeper import EtcdKeeper
+from etcd_leases.etcd.members import parse_endpoints
 from etcd_leases.etcd.pool import Grant
 from etcd_leases.etcd.txn import Txn, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
@@ -117,7 +117,7 @@ async def test_transfer_never_leaves_the_key_free(etcd_provider: EtcdLeaseProvid
     key = etcd_provider.etcd_key("baton")
     first = await etcd_provider.acquire_lease("baton", "runner-0", 5000)
     assert first.token is not None
-    stream = client.watch_stream(await client.metadata())
+    stream = client.watch_stream(await client.auth.metadata())
     await stream.write(
         pb.WatchRequest(create_request=pb.WatchCreateRequest(key=key, start_revision=first.token))
     )

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from etcd_leases.errors import ProviderClosed
-from etcd_leases.etcd.client import EtcdClient, new_lease_id
+from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.keepalive import KeepAliveLoop
 from etcd_leases.etcd.kept_lease import (
     DEADLINE_PASSED,
@@ -17,6 +17,7 @@ from etcd_leases.etcd.kept_lease import (
     PROVIDER_CLOSED,
     KeptLease,
 )
+from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.testing import EtcdCluster, EtcdMember
 
 

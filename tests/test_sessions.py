@@ -8,7 +8,7 @@ import contextlib
 import pytest
 
 from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseHeld
-from etcd_leases.etcd.client import is_session_lease
+from etcd_leases.etcd.lease_ids import is_session_lease
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import unique_prefix
 

@@ -14,11 +14,11 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseError
+from etcd_leases.testing.load import cpu_hogs
 
 from .checks import Checks
 from .config import ADMISSION, HoldCase
 from .etcd_metrics import EtcdMetrics
-from etcd_leases.testing.load import cpu_hogs
 from .stats import CpuMeter
 
 HOGS = 2

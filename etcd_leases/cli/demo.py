@@ -26,7 +26,7 @@ from etcd_leases.cli import exits
 from etcd_leases.cli.options import Commands, endpoints_given, open_provider
 from etcd_leases.cli.output import Output
 from etcd_leases.election import Election
-from etcd_leases.etcd.client import prefix_end
+from etcd_leases.etcd.txn import prefix_end
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.hold import HeldLease
 from etcd_leases.providers import EtcdLeaseProvider

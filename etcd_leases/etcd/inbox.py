@@ -34,7 +34,6 @@ from collections.abc import AsyncGenerator
 
 from etcd_leases.contract import check_key, check_owner
 from etcd_leases.errors import BackendUnavailable
-from etcd_leases.etcd.client import prefix_end
 from etcd_leases.etcd.inbox_keys import InboxKeys, id_of, key_of
 from etcd_leases.etcd.provider import EtcdBackend
 from etcd_leases.etcd.txn import (
@@ -43,6 +42,7 @@ from etcd_leases.etcd.txn import (
     first_kv,
     get,
     mod_revision_is,
+    prefix_end,
     put,
     range_is_empty,
     value_is,

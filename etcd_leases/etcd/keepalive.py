@@ -42,7 +42,7 @@ import time
 from collections import Counter, deque
 
 from etcd_leases.errors import BackendUnavailable, LeaseValueError, ProviderClosed
-from etcd_leases.etcd.client import EtcdClient, is_no_leader
+from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.kept_lease import (
     DEADLINE_PASSED,
     LEASE_NOT_FOUND,
@@ -51,6 +51,7 @@ from etcd_leases.etcd.kept_lease import (
     KeptLease,
 )
 from etcd_leases.etcd.renewal_stream import Inflight, Renewal, RenewalStream
+from etcd_leases.etcd.rpc_errors import is_no_leader
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 __all__ = ["KeepAliveLoop", "Renewal"]
@@ -375,7 +376,7 @@ class KeepAliveLoop:
             for other in list(self._streams):
                 if other is not stream:
                     other.end("another member answered first", failed=False)
-            self._client.answered(stream.endpoint)
+            self._client.members.answered(stream.endpoint)
         sent_at: float | None = None
         if inflight is not None:
             sent_at, answer = inflight
@@ -398,7 +399,7 @@ class KeepAliveLoop:
         if stream.failed and stream.failure is not None:
             self._round_failure = stream.failure
             # Pass this member over in calls while another may serve them.
-            self._client.failed(stream.endpoint, no_leader=is_no_leader(stream.failure))
+            self._client.members.failed(stream.endpoint, no_leader=is_no_leader(stream.failure))
         self._wake.set()
 
     # The tasks.

@@ -12,7 +12,8 @@ import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from etcd_leases.etcd.client import EtcdClient, prefix_end
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.txn import prefix_end
 from etcd_leases.etcd.watch import WatchStream
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 

@@ -40,10 +40,11 @@ from etcd_leases.errors import (
     PermissionDenied,
 )
 from etcd_leases.etcd.batch import TxnBatcher
-from etcd_leases.etcd.client import EtcdClient, is_session_lease, new_lease_id
+from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.keepalive import KeepAliveLoop, Renewal
 from etcd_leases.etcd.keeper import EtcdKeeper, owner_of
 from etcd_leases.etcd.kept_lease import KeptLease
+from etcd_leases.etcd.lease_ids import is_session_lease, new_lease_id
 from etcd_leases.etcd.pool import Grant, LeasePool
 from etcd_leases.etcd.session import Session, Sessions
 from etcd_leases.etcd.tasks import BackgroundTasks

@@ -20,7 +20,8 @@ import grpc
 import grpc.aio
 
 from etcd_leases.errors import LeaseError, ProviderClosed
-from etcd_leases.etcd.client import EtcdClient, to_lease_error
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.rpc_errors import is_invalid_token, to_lease_error
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 __all__ = ["Inflight", "Renewal", "RenewalStream", "cancelling"]
@@ -37,8 +38,6 @@ _log = logging.getLogger("etcd_leases.etcd.keepalive")
 
 # Hand the event loop back every so many writes of a burst.
 _YIELD_EVERY = 256
-# etcd's error for an expired auth token (etcdserver/api/v3rpc/rpctypes).
-_INVALID_TOKEN = "invalid auth token"
 
 
 def cancelling() -> bool:
@@ -107,7 +106,7 @@ class RenewalStream:
         try:
             # A frozen member never answers a login: give up on it for this round.
             async with asyncio.timeout(login_timeout):
-                metadata = await client.metadata(endpoint)
+                metadata = await client.auth.metadata(endpoint)
             call = client.keep_alive_stream(metadata, endpoint)
         except TimeoutError:
             return f"no login answer in {login_timeout:.2f} s"
@@ -227,6 +226,6 @@ class RenewalStream:
         self._on_answer(self, response, inflight)
 
     def _describe(self, exc: grpc.aio.AioRpcError) -> str:
-        if _INVALID_TOKEN in (exc.details() or ""):
-            self._client.invalidate_token(self.endpoint)
+        if is_invalid_token(exc):
+            self._client.auth.invalidate(self.endpoint)
         return str(to_lease_error(exc))

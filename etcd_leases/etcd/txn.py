@@ -81,3 +81,11 @@ def first_kv(response: pb.TxnResponse) -> pb.KeyValue | None:
             kvs = op.response_range.kvs
             return kvs[0] if kvs else None
     return None
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The ``range_end`` that makes a range cover every key starting with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return b"\0"
+    return stripped[:-1] + bytes([stripped[-1] + 1])

@@ -50,7 +50,8 @@ from etcd_leases.errors import (
     PermissionDenied,
     ProviderClosed,
 )
-from etcd_leases.etcd.client import EtcdClient, to_lease_error
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.rpc_errors import to_lease_error
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 __all__ = ["ErrorCallback", "EventsCallback", "WatchStream", "Watcher"]
@@ -367,7 +368,7 @@ class WatchStream:
                         _describe(exc),
                         backoff,
                     )
-                    self._client.failed(self._endpoint)
+                    self._client.members.failed(self._endpoint)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, _MAX_BACKOFF_S)
                     continue
@@ -397,8 +398,8 @@ class WatchStream:
 
     async def _session(self) -> None:
         """One stream: returns when idle, raises when it broke."""
-        self._endpoint = self._client.preferred()
-        metadata = await self._client.metadata(self._endpoint)
+        self._endpoint = self._client.members.preferred()
+        metadata = await self._client.auth.metadata(self._endpoint)
         call = self._client.watch_stream(metadata, self._endpoint)
         self._heard_at = asyncio.get_running_loop().time()  # a new stream starts trusted
         sender = asyncio.create_task(self._send_loop(call))

@@ -1,0 +1,57 @@
+"""Username/password auth: a simple token per member, and the metadata of each call.
+
+etcd's simple tokens are valid only on the member that issued them and expire (5 min
+by default): a call refused with "invalid auth token" forgets the token, and the
+next :meth:`Auth.metadata` logs in again.
+"""
+
+from __future__ import annotations
+
+from etcd_leases.etcd.members import Members
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+
+__all__ = ["Auth", "Metadata"]
+
+Metadata = tuple[tuple[str, str], ...]
+
+
+class Auth:
+    """The tokens of one client, per endpoint (no login without a username)."""
+
+    def __init__(
+        self, members: Members, username: str | None, password: str | None, timeout: float
+    ) -> None:
+        self._members = members
+        self._username = username
+        self._password = password
+        self._timeout = timeout
+        self._tokens: dict[int, str] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self._username is not None
+
+    async def metadata(self, index: int | None = None) -> Metadata:
+        """Request metadata for endpoint ``index``: fail fast without a leader; the token."""
+        index = self._members.preferred() if index is None else index
+        if self._username is not None and index not in self._tokens:
+            await self._authenticate(index)
+        pairs = [("hasleader", "true")]
+        if index in self._tokens:
+            pairs.append(("token", self._tokens[index]))
+        return tuple(pairs)
+
+    def invalidate(self, index: int | None = None) -> None:
+        """Forget the token endpoint ``index`` refused; :meth:`metadata` logs in again."""
+        self._tokens.pop(self._members.preferred() if index is None else index, None)
+
+    async def _authenticate(self, index: int) -> None:
+        assert self._username is not None and self._password is not None
+        request = pb.AuthenticateRequest(name=self._username, password=self._password)
+        call = self._members.channel(index).unary_unary(
+            "/etcdserverpb.Auth/Authenticate",
+            request_serializer=pb.AuthenticateRequest.SerializeToString,
+            response_deserializer=pb.AuthenticateResponse.FromString,
+        )
+        response: pb.AuthenticateResponse = await call(request, timeout=self._timeout)
+        self._tokens[index] = response.token

@@ -1,0 +1,27 @@
+"""Lease IDs chosen by the client, so that a grant whose answer was lost can be retried.
+
+They are random 62-bit ints whose top 16 bits mark session leases (shared by many
+keys), so that any process can tell them from the lease of a single tenure.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+__all__ = ["is_session_lease", "new_lease_id"]
+
+_MARK_SHIFT = 46
+_SESSION_MARK = 0x5E55
+
+
+def new_lease_id(*, session: bool = False) -> int:
+    """A random positive int64; lets a grant whose answer was lost be retried safely."""
+    mark = _SESSION_MARK
+    while not session and mark == _SESSION_MARK:
+        mark = secrets.randbits(62 - _MARK_SHIFT)
+    return (mark << _MARK_SHIFT) | (secrets.randbits(_MARK_SHIFT - 1) + 1)
+
+
+def is_session_lease(lease_id: int) -> bool:
+    """Whether ``lease_id`` is a session lease (see :mod:`etcd_leases.etcd.session`)."""
+    return lease_id >> _MARK_SHIFT == _SESSION_MARK

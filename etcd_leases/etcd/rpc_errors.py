@@ -1,0 +1,64 @@
+"""What etcd's gRPC errors mean: which to retry elsewhere, and what callers see.
+
+Every gRPC error becomes a :class:`LeaseError`; the decision to move on to another
+member rests on etcd's own error strings (etcdserver/api/v3rpc/rpctypes).
+"""
+
+from __future__ import annotations
+
+import grpc
+import grpc.aio
+
+from etcd_leases.errors import BackendError, BackendUnavailable, LeaseError, PermissionDenied
+
+__all__ = ["details", "is_invalid_token", "is_member_failure", "is_no_leader", "to_lease_error"]
+
+_NO_LEADER = ("no leader", "leader changed", "not capable", "request timed out")
+_INVALID_TOKEN = "invalid auth token"
+_AUTH_FAILED = ("authentication failed", "user name is empty", "permission denied")
+
+
+def _code(exc: grpc.aio.AioRpcError) -> grpc.StatusCode:
+    code: grpc.StatusCode = exc.code()
+    return code
+
+
+def details(exc: grpc.aio.AioRpcError) -> str:
+    """The error's text ("" when it has none)."""
+    return exc.details() or ""
+
+
+def is_no_leader(text: str) -> bool:
+    """True for etcd's errors of a member that has no leader (yet)."""
+    return any(reason in text for reason in _NO_LEADER)
+
+
+def is_invalid_token(exc: grpc.aio.AioRpcError) -> bool:
+    """True when etcd refused an expired simple auth token: log in again."""
+    return _INVALID_TOKEN in details(exc)
+
+
+def is_member_failure(exc: BaseException) -> bool:
+    """True when another member, or the same one a moment later, may answer."""
+    if isinstance(exc, BackendUnavailable):
+        return True
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return False
+    code = _code(exc)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return True
+    return is_no_leader(details(exc))
+
+
+def to_lease_error(exc: grpc.aio.AioRpcError) -> LeaseError:
+    """The :class:`LeaseError` a caller sees for a gRPC error."""
+    text = details(exc)
+    code = _code(exc)
+    message = f"etcd: {code.name}: {text}"
+    if is_member_failure(exc):
+        return BackendUnavailable(message)
+    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED) or any(
+        reason in text for reason in _AUTH_FAILED
+    ):
+        return PermissionDenied(message)
+    return BackendError(message)
