@@ -332,14 +332,15 @@ class EtcdCluster:
         via = next(m for m in others if m.running and not m.paused)
         listed = json.loads(via.etcdctl("member", "list", "--write-out=json"))["members"]
         (member_id,) = (entry["ID"] for entry in listed if entry.get("name") == member.name)
-        member.kill()  # the machine failed
-        _reconfigure(via, "remove", f"{member_id:x}")
+        # Removed while it runs, with every member up for the proposal's quorum.
+        _reconfigure(via, "remove", f"{member_id:x}", done_if="not found")
+        member.kill()
         client_port, peer_port = _reserve_ports(2)
         self._ports += [client_port, peer_port]
         self._replacements += 1
         name = f"etcd{self.size + self._replacements - 1}"
         peer_url = f"http://{member.host}:{peer_port}"
-        _reconfigure(via, "add", name, f"--peer-urls={peer_url}")
+        _reconfigure(via, "add", name, f"--peer-urls={peer_url}", done_if="exists")
         replacement = EtcdMember(
             name,
             binary=self.binary,
@@ -386,15 +387,26 @@ class EtcdCluster:
         return f"<EtcdCluster size={self.size} {self.binary} members={self.members!r}>"
 
 
-def _reconfigure(via: EtcdMember, *args: str, timeout: float = 20.0) -> None:
+# What etcd answers a reconfiguration it may accept a moment later.
+_RECONFIGURE_TRANSIENT = ("unhealthy cluster", "deadline exceeded", "timed out", "leader")
+
+
+def _reconfigure(via: EtcdMember, *args: str, done_if: str, timeout: float = 30.0) -> None:
     """``etcdctl member ARGS`` through ``via``, again while etcd refuses it for an
-    "unhealthy cluster": it wants every remaining member connected for 5 s first."""
+    "unhealthy cluster" (it wants every remaining member connected for 5 s first),
+    times out or elects a leader; a retry that finds it done (``done_if``) is done."""
     deadline = time.monotonic() + timeout
+    retried = False
     while True:
         try:
             via.etcdctl("member", *args)
             return
         except EtcdctlError as exc:
-            if "unhealthy cluster" not in str(exc) or time.monotonic() > deadline:
+            text = str(exc)
+            if retried and done_if in text:
+                return
+            transient = any(word in text for word in _RECONFIGURE_TRANSIENT)
+            if not transient or time.monotonic() > deadline:
                 raise
+        retried = True
         time.sleep(0.5)
