@@ -270,8 +270,11 @@ class EtcdBackend:
             # under mass expiry): meanwhile the key still reads as held. A keep-alive
             # answers 0 for an expired lease (after waiting for its revoke) and else
             # makes it last a full TTL more, so it cannot expire before the move.
+            # A lease gone may also mean the owner moved its tenure since the read (a
+            # re-acquire with another TTL, in any process, revokes the lease it left):
+            # the next read tells, as a failed move does.
             if kv.lease and not await self._renew(kv.lease):
-                return False
+                continue
             if await self._move(etcd_key, kv, to_owner.encode("utf-8"), ttl_ms, started):
                 return True
         return False
