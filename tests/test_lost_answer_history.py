@@ -19,7 +19,9 @@ from etcd_leases import BackendUnavailable, EtcdLeaseProvider
 from etcd_leases.etcd.txn import first_kv
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.test_lost_answers import lost_answer
+from tests.conftest import assert_freed
+from tests.test_lost_answers import lease_of, lost_answer
+from tests.test_tenure_races import revoked
 
 Meanwhile = Callable[[], Awaitable[object]]
 
@@ -77,6 +79,7 @@ async def test_an_acquire_whose_first_copy_landed_says_it_acquired(
     assert (result.acquired, result.owner) == (True, "o2")
     assert result.token == lose.landed.mod_revision  # the tenure the first copy began
     assert await p.get_lease_owner("k") == "o0"
+    await revoked(p, lose.landed.lease)  # the key left it: not leaked
 
 
 # What the new owner does, elsewhere, before the transfer's copy is sent again.
@@ -97,10 +100,13 @@ async def test_a_transfer_whose_first_copy_landed_says_it_transferred(
     sent again: the copy fails, and the transfer answered False."""
     p = etcd_provider
     assert (await p.acquire_lease("k", "o2", 5000)).acquired
+    old = await lease_of(p, "k")
     lose = FirstCopyLost(p, monkeypatch)
     lose.arm(lambda: AFTER_THE_MOVE[then](elsewhere))
     assert await p.transfer_lease("k", "o2", "o1", 5000)
     assert lose.landed is not None and lose.landed.value == b"o1"
+    await revoked(p, lose.landed.lease)
+    await assert_freed(p, old)  # o2's tenure ended with the move: its lease is free
 
 
 async def test_an_outcome_the_history_no_longer_tells_is_unknown(
