@@ -232,6 +232,8 @@ class EtcdBackend:
                 grant,
                 started,
             )
+            if created is None:
+                continue  # the lease was gone before the put: nothing happened
             if created.tenure is not None:
                 return AcquireResult(True, owner, created.tenure.token, created.tenure.ttl_ms)
             kv = created.kv
@@ -587,8 +589,9 @@ class EtcdBackend:
 
     async def _attach(
         self, txn: Txn, grant: Grant, started: float, *, replaces: pb.KeyValue | None = None
-    ) -> Attached:
-        """Run ``txn``, which puts a key under ``grant``'s lease if its compares hold.
+    ) -> Attached | None:
+        """Run ``txn``, which puts a key under ``grant``'s lease if its compares hold;
+        ``None`` if etcd no longer had that lease: nothing happened, take another.
 
         A pooled lease may have less than its TTL left: it is renewed alongside the
         transaction (a keep-alive, not a write), so the TTL promised from ``started``
@@ -614,7 +617,7 @@ class EtcdBackend:
                 renewal.cancel()
             if isinstance(exc, BackendError) and self._client.is_lease_not_found(exc):
                 self._pool.forget(grant.lease_id)
-                return Attached(False, None, None)  # it expired before the put
+                return None
             if isinstance(exc, BackendError | PermissionDenied):
                 self._pool.put_back(grant)  # refused: nothing landed
                 raise
@@ -715,15 +718,20 @@ class EtcdBackend:
     ) -> Tenure | None:
         """Put ``value`` on the key under a lease of its own (``grant``, taken from the
         pool if not given) if ``kv`` still holds it."""
-        grant = grant or await self._pool.take(self._ttl_s(ttl_ms))
-        moved = await self._attach(
-            Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
-            .then(put(etcd_key, value, grant.lease_id), get(etcd_key))
-            .otherwise(get(etcd_key)),
-            grant,
-            started,
-            replaces=kv,
-        )
-        if moved.landed:
-            self.lease_freed(kv.lease)  # the old tenure's, now without its key
-        return moved.tenure
+        while True:
+            grant = grant or await self._pool.take(self._ttl_s(ttl_ms))
+            moved = await self._attach(
+                Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
+                .then(put(etcd_key, value, grant.lease_id), get(etcd_key))
+                .otherwise(get(etcd_key)),
+                grant,
+                started,
+                replaces=kv,
+            )
+            if moved is not None:
+                if moved.landed:
+                    self.lease_freed(kv.lease)  # the old tenure's, now without its key
+                return moved.tenure
+            # etcd dropped the lease early (a stalled leader, a frozen process): the
+            # key is unchanged, and a failed move would read as a lost tenure.
+            grant = None
