@@ -339,3 +339,33 @@ async def test_acquire_grants_again_when_it_stalled_past_its_grant(
     assert result.acquired and stalled
     kv = await etcd_provider.client.range(etcd_provider.etcd_key("stalled"))
     assert kv is not None and kv.lease not in (0, stalled[0]) and kv.mod_revision == result.token
+
+
+@pytest.mark.parametrize(("call", "owner"), [("transfer", "bob"), ("renew", "alice")])
+async def test_a_move_takes_another_lease_when_etcd_dropped_the_one_it_took(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch, call: str, owner: str
+) -> None:
+    # The pooled lease a move takes may be gone when its transaction arrives (revoked
+    # by a stalled etcd leader, bug 15247; expired while the process was frozen): the
+    # put is refused, the key unchanged. Transfer (and renew with another TTL) answered
+    # False although alice held the key throughout.
+    p = etcd_provider
+    assert (await p.acquire_lease("k", "alice", 5000)).acquired
+    take = p._pool.take
+    dropped: list[int] = []
+
+    async def take_dropped(ttl_s: int) -> Grant:
+        grant = await take(ttl_s)
+        if not dropped:
+            dropped.append(grant.lease_id)
+            assert await p.client.revoke(grant.lease_id)
+        return grant
+
+    monkeypatch.setattr(p._pool, "take", take_dropped)
+    if call == "transfer":
+        assert await p.transfer_lease("k", "alice", "bob", 5000)
+    else:
+        assert await p.renew_lease("k", "alice", 8000)
+    kv = await p.client.range(p.etcd_key("k"))
+    assert dropped and kv is not None and kv.value == owner.encode()
+    assert kv.lease not in (0, dropped[0])
