@@ -23,7 +23,8 @@ from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING
 
 from etcd_leases.cli import exits
-from etcd_leases.cli.options import Commands, endpoints_given, open_provider
+from etcd_leases.cli.connection import endpoints_given, open_provider
+from etcd_leases.cli.options import Commands
 from etcd_leases.cli.output import Output
 from etcd_leases.election import Election
 from etcd_leases.etcd.client import prefix_end
@@ -42,7 +43,7 @@ _DEADLINE_S = 120
 
 def add_commands(commands: Commands) -> None:
     demo = commands.add_parser("demo", help="watch leases, fencing and election at work")
-    demo.set_defaults(handler=_demo)
+    demo.set_defaults(handler=_demo, long_lived=True)
 
 
 async def _demo(args: argparse.Namespace, out: Output) -> int:

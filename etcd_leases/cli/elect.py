@@ -14,7 +14,8 @@ import argparse
 import asyncio
 
 from etcd_leases.cli import exits, supervise
-from etcd_leases.cli.options import Commands, connection_env, open_provider, ttl_ms
+from etcd_leases.cli.connection import connection_env, open_provider
+from etcd_leases.cli.options import Commands, ttl_ms
 from etcd_leases.cli.output import Output, escape
 from etcd_leases.election import Election
 from etcd_leases.hold import HeldLease
@@ -28,7 +29,7 @@ def add_commands(commands: Commands) -> None:
     )
     elect.add_argument("--ttl", type=ttl_ms, default=15_000, help="leadership lease TTL (15s)")
     supervise.add_supervision_flags(elect)
-    elect.set_defaults(handler=_elect)
+    elect.set_defaults(handler=_elect, long_lived=True, takes_command=True)
 
 
 async def _elect(args: argparse.Namespace, out: Output) -> int:

@@ -16,7 +16,8 @@ import signal
 from contextlib import AsyncExitStack
 
 from etcd_leases.cli import exits, supervise
-from etcd_leases.cli.options import Commands, connection_env, duration, open_provider, ttl_ms
+from etcd_leases.cli.connection import connection_env, open_provider
+from etcd_leases.cli.options import Commands, duration, ttl_ms
 from etcd_leases.cli.output import Output, escape
 from etcd_leases.errors import LeaseHeld
 from etcd_leases.hold import HeldLease, hold
@@ -36,7 +37,7 @@ def add_commands(commands: Commands) -> None:
         help="wait for the key if it is held (for ever, or this long)",
     )
     supervise.add_supervision_flags(run)
-    run.set_defaults(handler=_run)
+    run.set_defaults(handler=_run, long_lived=True, takes_command=True)
 
 
 async def _run(args: argparse.Namespace, out: Output) -> int:

@@ -18,7 +18,7 @@ from etcd_leases.cli.supervise import StopSignals
 def add_commands(commands: Commands) -> None:
     server = commands.add_parser("server", help="run a local etcd for development")
     server.add_argument("--members", type=int, default=1, help="cluster size (1)")
-    server.set_defaults(handler=_server)
+    server.set_defaults(handler=_server, long_lived=True)
 
 
 async def _server(args: argparse.Namespace, out: Output) -> int:
