@@ -4,7 +4,7 @@ The command starts once the lease is held (``--wait``: as soon as the key comes
 free), with the fencing token in its environment. If the lease is lost, the command
 gets SIGTERM, then SIGKILL after ``--grace``. When the command ends, or
 ``etcd-leases`` gets SIGTERM/SIGINT (passed on to the command), the lease is released.
-The exit code is the command's.
+The exit code is the command's, or 75 (``exits.LEASE_LOST``) if the lease was lost.
 """
 
 from __future__ import annotations
@@ -91,14 +91,16 @@ async def _supervise(
     finally:
         for task in others:
             task.cancel()
-    if not exited.done():
-        if lease.lost.is_set():
-            reason = lease.lost_reason or "its TTL ran out"
-            text = f"lost {escape(lease.key)} ({reason}); stopping the command"
-            out.event("lost", text, key=lease.key, reason=reason)
-            await child.stop(grace)
-        else:
-            await child.stop(grace, stop.signal or signal.SIGTERM)
+    stopped_for_loss = not exited.done() and lease.lost.is_set()
+    if stopped_for_loss:
+        reason = lease.lost_reason or "its TTL ran out"
+        text = f"lost {escape(lease.key)} ({reason}); stopping the command"
+        out.event("lost", text, key=lease.key, reason=reason)
+        await child.stop(grace)
+    elif not exited.done():
+        await child.stop(grace, stop.signal or signal.SIGTERM)
     code = await exited
     out.event("exited", f"the command exited with {code}", code=code)
-    return code
+    # Not the command's code after a loss: a supervisor must tell a lost lease from a
+    # failed command.
+    return exits.LEASE_LOST if stopped_for_loss else code
