@@ -160,11 +160,15 @@ async def _dial(provider: EtcdLeaseProvider, timeout: float) -> None:
 
 
 @asynccontextmanager
-async def within_command_timeout(args: argparse.Namespace) -> AsyncIterator[None]:
-    """Bound a block of etcd calls by ``--command-timeout``, as its help promises.
+async def within_command_timeout(
+    provider: EtcdLeaseProvider, args: argparse.Namespace
+) -> AsyncIterator[None]:
+    """Bound a block of ``provider``'s calls by ``--command-timeout``, as its help says.
 
-    The client's own limit is per call, and a command may make several (reading the
-    server's version, granting a lease, the transaction).
+    The client's own limit is per call, and a command makes several (the server's
+    version, a lease grant, the transaction), and would tidy up after a cancelled
+    one with more. Out of time, the connection is closed, so nothing more is asked of
+    etcd: what was granted expires with its TTL.
     """
     timeout = command_timeout(args)
     limit = asyncio.timeout(timeout)
@@ -174,7 +178,8 @@ async def within_command_timeout(args: argparse.Namespace) -> AsyncIterator[None
     except TimeoutError:
         if not limit.expired():
             raise
-        endpoints = setting(args, "endpoints", "ETCDCTL_ENDPOINTS") or DEFAULT_ENDPOINTS
+        await provider.client.close()
+        endpoints = ", ".join(provider.client.endpoints)
         raise BackendUnavailable(
             f"etcd: UNAVAILABLE: no answer from {endpoints} within --command-timeout {timeout:g} s"
         ) from None

@@ -38,7 +38,7 @@ def add_commands(commands: Commands) -> None:
 
 
 async def _acquire(args: argparse.Namespace, out: Output) -> int:
-    async with within_command_timeout(args), open_provider(args) as provider:
+    async with open_provider(args) as provider, within_command_timeout(provider, args):
         result = await provider.acquire_lease(args.key, args.owner, args.ttl)
     key = escape(args.key)
     if result.acquired:
@@ -59,7 +59,7 @@ async def _acquire(args: argparse.Namespace, out: Output) -> int:
 
 
 async def _owner(args: argparse.Namespace, out: Output) -> int:
-    async with within_command_timeout(args), open_provider(args) as provider:
+    async with open_provider(args) as provider, within_command_timeout(provider, args):
         owner = await provider.get_lease_owner(args.key)
     if owner is None and not out.as_json:
         out.note(f"{escape(args.key)}: nobody holds it")
@@ -69,7 +69,7 @@ async def _owner(args: argparse.Namespace, out: Output) -> int:
 
 
 async def _renew(args: argparse.Namespace, out: Output) -> int:
-    async with within_command_timeout(args), open_provider(args) as provider:
+    async with open_provider(args) as provider, within_command_timeout(provider, args):
         renewed = await provider.renew_lease(args.key, args.owner, args.ttl)
     text = f"{escape(args.key)}: " + ("renewed" if renewed else f"not held by {escape(args.owner)}")
     out.result(text, key=args.key, owner=args.owner, renewed=renewed)
@@ -77,7 +77,7 @@ async def _renew(args: argparse.Namespace, out: Output) -> int:
 
 
 async def _release(args: argparse.Namespace, out: Output) -> int:
-    async with within_command_timeout(args), open_provider(args) as provider:
+    async with open_provider(args) as provider, within_command_timeout(provider, args):
         # The contract's release is silent, so ask first: for anyone but the owner it
         # would be a no-op anyway. Between the two calls the tenure can only end.
         released = await provider.get_lease_owner(args.key) == args.owner
@@ -94,7 +94,7 @@ async def _release(args: argparse.Namespace, out: Output) -> int:
 
 
 async def _transfer(args: argparse.Namespace, out: Output) -> int:
-    async with within_command_timeout(args), open_provider(args) as provider:
+    async with open_provider(args) as provider, within_command_timeout(provider, args):
         moved = await provider.transfer_lease(args.key, args.from_owner, args.to_owner, args.ttl)
     key, to_owner = escape(args.key), escape(args.to_owner)
     text = (

@@ -60,7 +60,10 @@ async def _doctor(args: argparse.Namespace, out: Output) -> int:
 async def _examine(args: argparse.Namespace, endpoint: str) -> Examined:
     """One endpoint's status, asked of it alone."""
     try:
-        async with within_command_timeout(args), open_provider(args, endpoints=endpoint) as one:
+        async with (
+            open_provider(args, endpoints=endpoint) as one,
+            within_command_timeout(one, args),
+        ):
             status = await one.client.call(
                 "/etcdserverpb.Maintenance/Status", pb.StatusRequest(), pb.StatusResponse
             )

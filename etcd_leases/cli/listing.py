@@ -23,7 +23,7 @@ def add_commands(commands: Commands) -> None:
 
 
 async def _list(args: argparse.Namespace, out: Output) -> int:
-    async with within_command_timeout(args), open_provider(args) as provider:
+    async with open_provider(args) as provider, within_command_timeout(provider, args):
         owners = await list_owners(provider.client, provider.etcd_key(""), args.key_prefix.encode())
     rows = [
         [

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
 from contextlib import AsyncExitStack
 
 from etcd_leases.cli import exits, supervise
-from etcd_leases.cli.connection import connection_env, open_provider
+from etcd_leases.cli.connection import connection_env, open_provider, within_command_timeout
 from etcd_leases.cli.options import Commands, duration, ttl_ms
 from etcd_leases.cli.output import Output, escape
 from etcd_leases.errors import LeaseHeld
@@ -51,11 +50,16 @@ async def _run(args: argparse.Namespace, out: Output) -> int:
                 out.note(f"waiting for {escape(args.key)}, held by {escape(holder)}")
             wait: bool | float = True if args.wait < 0 else args.wait
             held = hold(holding, args.key, owner, args.ttl, wait=wait)
+            # Taking the lease is bounded by --command-timeout, unless told to wait.
+            bounded = within_command_timeout(provider, args)
             try:
                 entering = asyncio.ensure_future(stack.enter_async_context(held))
                 waiting = out.waiting(f"waiting for {escape(args.key)}")
-                async with waiting if args.wait != 0 else contextlib.nullcontext():
-                    lease = await supervise.until_stopped(stop.event, entering)
+                async with waiting if args.wait != 0 else bounded:
+                    try:
+                        lease = await supervise.until_stopped(stop.event, entering)
+                    finally:
+                        entering.cancel()  # out of time: not taken after all
             except LeaseHeld as exc:
                 text = f"{escape(args.key)}: held by {escape(exc.holder or '?')}"
                 out.result(text, key=args.key, acquired=False, owner=exc.holder)
