@@ -57,7 +57,8 @@ def shared_flags(*, in_command: bool) -> Parser:
     group.add_argument(
         "--command-timeout",
         type=duration,
-        help="time limit of each command's etcd calls, retries included (5s)",
+        help="time limit of a command's etcd calls, retries included; per call once run "
+        "or elect holds its lease (5s)",
     )
     group.add_argument(
         "--dial-timeout", type=duration, help="time to connect to an endpoint (no separate limit)"
