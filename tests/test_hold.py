@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -97,6 +98,22 @@ async def test_loss_by_release_elsewhere_is_seen(live: Live) -> None:
         await live.another().release_lease("seat2", "alice")
         await wait_for(lease.lost, 1)
         assert not await lease.put("seat2/data", "late")
+
+
+async def test_a_holders_own_transfer_is_logged_as_info_not_as_a_loss(
+    live: Live, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The key's watch may report the hand-off before the transaction's answer: it
+    # must not be taken for a loss. Several rounds, as that order is up to timing.
+    caplog.set_level(logging.INFO, logger="etcd_leases")
+    for round in range(10):
+        async with live.provider.hold(f"handed{round}", "alice", 5000) as lease:
+            await lease.transfer("bob")
+        await live.provider.release_lease(f"handed{round}", "bob")
+    await asyncio.sleep(0.1)  # loss loggers run once the loss is seen
+    records = [r for r in caplog.records if r.name == "etcd_leases.hold"]
+    assert [r.levelno for r in records] == [logging.INFO] * 10, [r.getMessage() for r in records]
+    assert "'alice' handed 'handed0' (token" in records[0].getMessage()
 
 
 async def test_transfer_and_adopt_without_a_gap(live: Live) -> None:

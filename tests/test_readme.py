@@ -57,3 +57,17 @@ def test_the_testing_section_runs_as_written(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
+
+
+def test_the_test_count_is_the_suites() -> None:
+    (said,) = re.findall(r"\(([0-9,]+) tests\)", README)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    collected = re.search(r"^(\d+) tests? collected", done.stdout, re.MULTILINE)
+    assert collected is not None, done.stdout[-2000:] + done.stderr
+    assert int(said.replace(",", "")) == int(collected.group(1))
