@@ -144,7 +144,7 @@ async def _dial(provider: EtcdLeaseProvider, timeout: float) -> None:
     """Return once any endpoint accepted a connection; BackendUnavailable after ``timeout``."""
     client = provider.client
     ready = [
-        asyncio.ensure_future(client.channel(index).channel_ready())
+        asyncio.ensure_future(client.members.channel(index).channel_ready())
         for index in range(len(client.endpoints))
     ]
     done, pending = await asyncio.wait(ready, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
