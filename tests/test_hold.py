@@ -8,6 +8,7 @@ import time
 import pytest
 
 from etcd_leases import (
+    InMemoryLeaseProvider,
     LeaseHeld,
     LeaseLost,
     LeaseTypeError,
@@ -15,7 +16,7 @@ from etcd_leases import (
     ProviderClosed,
     hold,
 )
-from tests.conftest import Live
+from tests.conftest import FakeClock, Live
 
 
 async def wait_for(event: asyncio.Event, seconds: float) -> float:
@@ -97,6 +98,21 @@ async def test_loss_by_release_elsewhere_is_seen(live: Live) -> None:
         await live.another().release_lease("seat2", "alice")
         await wait_for(lease.lost, 1)
         assert not await lease.put("seat2/data", "late")
+
+
+async def test_a_transfer_that_fails_raises_and_hands_nothing_on() -> None:
+    """The backend says the tenure is over (it expired on the backend's clock) before
+    the holder's own clock or a watch told it: the transfer raises, the lease is lost,
+    and the would-be new owner has nothing."""
+    clock = FakeClock()
+    provider = InMemoryLeaseProvider(clock=clock)
+    async with provider.hold("baton", "alice", 60_000) as lease:
+        clock.now += 61  # past the TTL for the backend; the holder has 60 s left
+        assert lease.remaining() > 50 and not lease.lost.is_set()
+        with pytest.raises(LeaseLost):
+            await lease.transfer("bob")
+        assert lease.lost.is_set() and "bob" not in (lease.lost_reason or "")
+    assert await provider.get_lease_owner("baton") is None
 
 
 async def test_transfer_and_adopt_without_a_gap(live: Live) -> None:
