@@ -6,7 +6,7 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -61,6 +61,18 @@ def etcd_binary(request: pytest.FixtureRequest) -> str:
 def etcd(etcd_members: EtcdMembers, etcd_binary: str) -> EtcdCluster:
     """A running single-member etcd (shared; tests keep to their own prefix)."""
     return etcd_members.get(etcd_binary)
+
+
+async def eventually(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Wait until ``condition()`` holds (checked every 10 ms); fail after ``timeout`` s.
+
+    For what happens in another task or process a moment later: a wait on the
+    condition, not a sleep of a guessed length; the bound is a loaded machine's.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        await asyncio.sleep(0.01)
 
 
 def unique_prefix() -> str:
