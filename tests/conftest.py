@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -73,6 +74,18 @@ async def eventually(condition: Callable[[], bool], what: str, timeout: float = 
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
         await asyncio.sleep(0.01)
+
+
+def process_state(pid: int) -> str:
+    """A Linux process's state letter (``/proc/PID/stat``): ``T`` once it is stopped."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+async def freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped, so a test's freeze is real."""
+    os.kill(pid, signal.SIGSTOP)
+    await eventually(lambda: process_state(pid) == "T", f"process {pid} stopped")
 
 
 def unique_prefix() -> str:
