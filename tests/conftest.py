@@ -76,6 +76,17 @@ async def eventually(condition: Callable[[], bool], what: str, timeout: float = 
         await asyncio.sleep(0.01)
 
 
+async def settled(provider: EtcdLeaseProvider, timeout: float = 10.0) -> None:
+    """Wait until the provider's background work is done: pool refills, settlements of
+    interrupted calls, revokes (a wait on the tasks, not a sleep of a guessed length)."""
+    groups = (provider._background, provider._pool._background, provider._sessions._background)
+    deadline = time.monotonic() + timeout
+    while any(group._tasks for group in groups):
+        assert time.monotonic() < deadline, f"background work still running after {timeout} s"
+        for group in groups:
+            await group.wait(max(0.0, deadline - time.monotonic()))
+
+
 def process_state(pid: int) -> str:
     """A Linux process's state letter (``/proc/PID/stat``): ``T`` once it is stopped."""
     with open(f"/proc/{pid}/stat") as stat:
