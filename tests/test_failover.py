@@ -235,8 +235,10 @@ async def test_a_frozen_member_cannot_hide_a_lost_key(etcd_cluster: EtcdCluster)
                 deleted_at = time.monotonic()
                 await asyncio.wait_for(lease.lost.wait(), 10)
                 seen = time.monotonic() - deleted_at
+                # (Probe after 1 s, 2 s to answer, then another member: ~3 s; the wait
+                # above bounds it.) Seen by the watch: the lease itself is still alive.
                 print(f"deletion seen {seen:.2f} s after it, the watch's member frozen")
-                assert seen < 5.0  # probe after 1 s, 2 s to answer, then another member
+                assert "deleted" in (lease.lost_reason or "")
             finally:
                 await other.close()
         finally:

@@ -141,8 +141,11 @@ async def test_a_frozen_member_loses_every_lease_on_time(
     finally:
         await asyncio.to_thread(member.resume)
     assert all(kept.lost_reason == DEADLINE_PASSED for kept in leases)
-    for seen, valid_until in lost_at.values():
-        assert valid_until <= seen <= valid_until + 0.1
+    # Never before its deadline (a false loss); at it, by the loop's own timer, not
+    # when the member answers again (after the 3 s wait): within a second of it.
+    late = [seen - valid_until for seen, valid_until in lost_at.values()]
+    print(f"losses seen {1000 * min(late):.0f}-{1000 * max(late):.0f} ms after their deadlines")
+    assert all(0 <= lateness < 1.0 for lateness in late), late
     await asyncio.to_thread(member.wait_ready)
     # The loop gets back to work once the member answers again.
     kept = await keep_new(client, keeper, 1)
