@@ -15,7 +15,7 @@ from etcd_leases.etcd.pool import Grant
 from etcd_leases.etcd.txn import Txn, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import assert_no_lease_leaked, unique_prefix
+from tests.conftest import assert_no_lease_leaked, settled, unique_prefix
 
 
 async def test_value_is_the_owner_under_the_prefix(
@@ -151,7 +151,7 @@ async def test_closed_provider_refuses_quickly(etcd: EtcdCluster) -> None:
     ):
         with pytest.raises(ProviderClosed):
             await call
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 5.0  # none waited on the network (timeout 5 s)
     async with EtcdLeaseProvider(etcd.endpoints) as scoped:
         await scoped.get_lease_owner("k")
     with pytest.raises(ProviderClosed):
@@ -234,7 +234,7 @@ async def test_cancelled_transfer_never_frees_the_key(etcd_provider: EtcdLeasePr
         await asyncio.sleep(delay)
         transfer.cancel()
         await asyncio.gather(transfer, return_exceptions=True)
-        await asyncio.sleep(0.1)  # let the background settlement finish
+        await settled(etcd_provider)  # the background settlement
         assert await etcd_provider.get_lease_owner("handoff") in ("alice", "bob")
         for owner in ("alice", "bob"):
             await etcd_provider.release_lease("handoff", owner)
@@ -274,7 +274,7 @@ async def test_cancelled_acquires_leave_no_lease_behind(etcd: EtcdCluster) -> No
             await asyncio.sleep(delay)
             attempt.cancel()
             await asyncio.gather(attempt, return_exceptions=True)
-        await asyncio.sleep(0.3)  # background revokes
+        await settled(provider)  # background revokes
         for i in range(8):
             await provider.release_lease(f"k{i}", "alice")
         await assert_no_lease_leaked(provider, before)
