@@ -1,0 +1,188 @@
+"""Is a history linearizable? Wing & Gong's search with Lowe's memoisation, per key.
+
+The algorithm is Porcupine's (``checker.go``): the history of one key becomes a
+doubly linked list of call and return events in time order. A call may be placed
+next if its call event comes before the first return event left in the list (no
+call still unplaced ended before it began). Placing a call lifts both its events
+out of the list; when no call can be placed before a return, the search takes the
+last placement back and tries the next call. Each (set of placed calls, model
+state) is explored once: the cache turns the search from factorial into, on
+histories that real systems make, about linear. The model state is a set of
+states (:func:`model.step_all`), as Porcupine does for non-deterministic models.
+
+Keys are independent objects: each is checked alone, which keeps the bitsets short
+and a violation's printout to the one key that has it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tests.linearizability.history import History, Op
+from tests.linearizability.model import INITIAL, KeyState, step_all
+
+#: Seconds an expiry may come before ``start + TTL``: clock granularity and the
+#: difference between our clock's rate and etcd's.
+DEFAULT_SLACK = 0.05
+
+States = frozenset[KeyState]
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A call in the longest order found, and the states it may have left."""
+
+    op: Op
+    after: States
+
+
+@dataclass(frozen=True)
+class KeyResult:
+    """``ok``: ``True`` linearizable, ``False`` not, ``None`` when time ran out first.
+
+    When not linearizable: ``longest`` is the longest order the search found and
+    ``stuck`` the calls that could come next by their times, none of which the
+    model allows there (or every order after which was tried and failed).
+    """
+
+    key: str
+    ok: bool | None
+    calls: int
+    longest: tuple[Placed, ...] = ()
+    stuck: tuple[Op, ...] = ()
+
+
+class _Node:
+    """A call or return event in the list; a call's ``match`` is its return."""
+
+    __slots__ = ("index", "match", "next", "prev")
+
+    def __init__(self, index: int, match: _Node | None) -> None:
+        self.index = index
+        self.match = match
+        self.prev: _Node | None = None
+        self.next: _Node | None = None
+
+
+def _events(ops: list[Op]) -> _Node:
+    """The list's head, then every call and return in time order (ties: calls first,
+    so calls that touch count as concurrent)."""
+    returns = [_Node(i, None) for i in range(len(ops))]
+    events = [(op.start, 0, i, _Node(i, returns[i])) for i, op in enumerate(ops)]
+    events += [(op.end, 1, i, returns[i]) for i, op in enumerate(ops)]
+    events.sort(key=lambda event: event[:3])
+    head = previous = _Node(-1, None)
+    for *_, node in events:
+        previous.next, node.prev = node, previous
+        previous = node
+    return head
+
+
+def _lift(node: _Node) -> None:
+    for event in (node, node.match):
+        assert event is not None and event.prev is not None
+        event.prev.next = event.next
+        if event.next is not None:
+            event.next.prev = event.prev
+
+
+def _unlift(node: _Node) -> None:
+    for event in (node.match, node):
+        assert event is not None and event.prev is not None
+        event.prev.next = event
+        if event.next is not None:
+            event.next.prev = event
+
+
+def _waiting(head: _Node, ops: list[Op]) -> tuple[Op, ...]:
+    """The calls that could be placed next by their times, and the first unplaced return."""
+    found: list[int] = []
+    node = head.next
+    while node is not None and node.index not in found:
+        found.append(node.index)
+        if node.match is None:
+            break
+        node = node.next
+    return tuple(ops[index] for index in found)
+
+
+def check_key(key: str, ops: list[Op], slack: float, deadline: float) -> KeyResult:
+    """Search for an order of ``ops`` (all on ``key``) that the model allows."""
+    head = _events(ops)
+    states: States = frozenset({INITIAL})
+    placed = 0  # bitset of placed calls
+    cache = {(placed, states)}
+    stack: list[tuple[_Node, States]] = []  # each placement, and the states before it
+    longest: tuple[Placed, ...] = ()
+    stuck: tuple[Op, ...] = ()
+    node = head.next
+    steps = 0
+    while head.next is not None:
+        assert node is not None  # the list always ends with a return
+        steps += 1
+        if steps % 4096 == 0 and time.monotonic() > deadline:
+            return KeyResult(key, None, len(ops))
+        if node.match is not None:
+            after = step_all(states, ops[node.index], slack)
+            if after:
+                bits = placed | 1 << node.index
+                if (bits, after) not in cache:
+                    cache.add((bits, after))
+                    stack.append((node, states))
+                    states, placed = after, bits
+                    _lift(node)
+                    node = head.next
+                    continue
+            node = node.next
+            continue
+        # A return: its call could not be placed before it. Take the last placement back.
+        if len(stack) > len(longest):
+            afters = [before for _, before in stack[1:]] + [states]
+            longest = tuple(
+                Placed(ops[n.index], a) for (n, _), a in zip(stack, afters, strict=True)
+            )
+            stuck = _waiting(head, ops)
+        if not stack:
+            return KeyResult(key, False, len(ops), longest, stuck or _waiting(head, ops))
+        node, states = stack.pop()
+        placed &= ~(1 << node.index)
+        _unlift(node)
+        node = node.next
+    return KeyResult(key, True, len(ops))
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    keys: tuple[KeyResult, ...]
+    slack: float
+
+    @property
+    def ok(self) -> bool | None:
+        """``False`` if any key is not linearizable, else ``None`` if any was not decided."""
+        verdicts = [result.ok for result in self.keys]
+        if False in verdicts:
+            return False
+        return None if None in verdicts else True
+
+    @property
+    def violations(self) -> list[KeyResult]:
+        return [result for result in self.keys if result.ok is False]
+
+
+def by_key(ops: Iterable[Op]) -> dict[str, list[Op]]:
+    """Each key's calls; reads without an answer are left out (they change nothing)."""
+    keys: dict[str, list[Op]] = defaultdict(list)
+    for op in ops:
+        if op.answered or op.call.name != "get_owner":
+            keys[op.key].append(op)
+    return keys
+
+
+def check(history: History, slack: float = DEFAULT_SLACK, timeout: float = 60.0) -> CheckResult:
+    """Check every key of ``history``; keys left when ``timeout`` s have passed are undecided."""
+    deadline = time.monotonic() + timeout
+    keys = by_key(history.ops).items()
+    return CheckResult(tuple(check_key(key, ops, slack, deadline) for key, ops in keys), slack)

@@ -1,0 +1,159 @@
+"""The contract's sequential object for one key, as the checker steps through it.
+
+A state says who holds the key and what is known of the tenure's token. Time enters
+in two ways. A tenure begun or renewed by a call started at ``c`` with a TTL of ``T``
+may end by expiry at any moment from ``c + T - slack`` on, never before and never
+necessarily (etcd may keep a key longer). And every step happens at one instant
+within its call's interval, in the order of the linearization: ``now`` is the
+earliest instant the last step can have happened, so a step that must follow it
+(or an expiry) cannot be placed in a call that ended earlier.
+
+Expiry is not a call but a choice the checker makes while placing a call: the key
+is seen either still held or expired just before it, if that instant can be after
+``expires_from``. A call without an answer took effect at its instant, or never.
+So one step may lead to several states; :func:`step_all` keeps them as a set.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from etcd_leases import AcquireResult
+from tests.linearizability.history import Answer, Op
+
+
+class KeyState(NamedTuple):
+    """``owner`` (``None``: free); ``token`` of the tenure when an answer told it.
+
+    ``min_token``: while held with ``token`` unknown, the least the token can be;
+    while free, the least the next tenure's token can be (tokens only grow).
+    """
+
+    owner: str | None
+    token: int | None
+    min_token: int
+    expires_from: float
+    now: float
+
+    def next_token(self) -> int:
+        """The least token a new tenure may have after this one."""
+        if self.owner is None:
+            return self.min_token
+        return (self.min_token if self.token is None else self.token) + 1
+
+    def current_token(self) -> int:
+        """The least the held tenure's token can be."""
+        return self.min_token if self.token is None else self.token
+
+    def __str__(self) -> str:
+        if self.owner is None:
+            return f"free (next token >= {self.min_token})"
+        token = self.token if self.token is not None else f">= {self.min_token}"
+        return f"owner {self.owner}, token {token}, may expire from {self.expires_from:.3f}"
+
+
+INITIAL = KeyState(None, None, 0, math.inf, -math.inf)
+
+
+def _free(state: KeyState, now: float) -> KeyState:
+    return KeyState(None, None, state.next_token(), math.inf, now)
+
+
+def _tenure(owner: str, min_token: int, op: Op, ttl_ms: int, slack: float, now: float) -> KeyState:
+    return KeyState(owner, None, min_token, op.start + ttl_ms / 1000 - slack, now)
+
+
+def contract_answer(state: KeyState, op: Op) -> Answer:
+    """What the contract answers to ``op`` in ``state`` (an acquire's token aside)."""
+    call, owner = op.call, state.owner
+    if call.name == "get_owner":
+        return owner
+    if call.name == "acquire":
+        if owner is not None and owner != call.owner:
+            return AcquireResult(False, owner)
+        return AcquireResult(True, call.owner)
+    if call.name == "release":
+        return None
+    return owner == call.owner
+
+
+def _effect(state: KeyState, op: Op, slack: float) -> KeyState:
+    """The state after ``op`` took effect in ``state``, the token of a new tenure unknown."""
+    call, now = op.call, state.now
+    holds = state.owner == call.owner
+    if call.name == "acquire" and (state.owner is None or holds):
+        least = state.next_token() if state.owner is None else state.current_token()
+        return _tenure(call.owner, least, op, call.ttl_ms, slack, now)
+    if call.name == "release" and holds:
+        return _free(state, now)
+    if call.name == "renew" and holds:
+        # Another TTL may move the token forward, never back.
+        return _tenure(call.owner, state.current_token(), op, call.ttl_ms, slack, now)
+    if call.name == "transfer" and holds:
+        return _tenure(call.to_owner, state.next_token(), op, call.ttl_ms, slack, now)
+    return state
+
+
+def _answered(state: KeyState, op: Op, slack: float) -> KeyState | None:
+    """The state after ``op`` gave its recorded answer in ``state``; ``None`` if it cannot."""
+    expected, answer = contract_answer(state, op), op.answer
+    if not isinstance(expected, AcquireResult):
+        return _effect(state, op, slack) if answer == expected else None
+    if not isinstance(answer, AcquireResult) or answer.acquired != expected.acquired:
+        return None
+    if not answer.acquired:
+        # "None only if the holder vanished before it could be read".
+        if answer.owner not in (expected.owner, None):
+            return None
+        return _learn_token(state, answer.token)
+    if answer.owner != op.call.owner or answer.token is None:
+        return None
+    granted = op.call.ttl_ms if answer.ttl_ms is None else answer.ttl_ms
+    if granted < op.call.ttl_ms:
+        return None  # a coarser clock rounds up, never down
+    if answer.token < _effect(state, op, slack).min_token:
+        return None  # a new tenure's token exceeds every earlier one; a re-acquire's never drops
+    after = _tenure(op.call.owner, answer.token, op, granted, slack, state.now)
+    return after._replace(token=answer.token)
+
+
+def _learn_token(state: KeyState, token: int | None) -> KeyState | None:
+    """A refused acquire may tell the holder's token: it must fit what is known."""
+    if token is None:
+        return state
+    if state.token is not None:
+        return state if token == state.token else None
+    return state._replace(token=token) if token >= state.min_token else None
+
+
+def step(state: KeyState, op: Op, slack: float) -> list[KeyState]:
+    """The states ``op`` may leave the key in, placed after ``state``; [] if none."""
+    if op.end < state.now:
+        return []
+    at = max(state.now, op.start)
+    seen = [state._replace(now=at)]
+    if state.owner is not None and state.expires_from <= op.end:
+        seen.append(_free(state, max(at, state.expires_from)))
+    found: list[KeyState] = []
+    for before in seen:
+        if op.answered:
+            after = _answered(before, op, slack)
+            if after is not None:
+                found.append(after)
+        else:
+            found += [before, _effect(before, op, slack)]
+    return found
+
+
+def step_all(states: frozenset[KeyState], op: Op, slack: float) -> frozenset[KeyState]:
+    """:func:`step` from each state; of states alike but for ``now``, the earliest is kept
+    (it allows everything a later one does)."""
+    earliest: dict[tuple[str | None, int | None, int, float], KeyState] = {}
+    for state in states:
+        for after in step(state, op, slack):
+            core = (after.owner, after.token, after.min_token, after.expires_from)
+            kept = earliest.get(core)
+            if kept is None or after.now < kept.now:
+                earliest[core] = after
+    return frozenset(earliest.values())

@@ -1,0 +1,67 @@
+"""The printout of a violation: where no order of the calls can go on.
+
+It shows the end of the longest order the search found, each call with the states
+it may have left the key in, then each call that could come next by its times, with
+what the contract answers to it there: the reader sees which answer no order explains.
+"""
+
+from __future__ import annotations
+
+from etcd_leases import AcquireResult
+from tests.linearizability.checker import CheckResult, KeyResult, States
+from tests.linearizability.history import Answer, Op, show_answer
+from tests.linearizability.model import INITIAL, contract_answer, step
+
+TAIL = 12  # calls of the longest order shown
+
+
+def _show_call(op: Op, origin: float) -> str:
+    end = f"{op.end - origin:.3f}" if op.answered else "(none)"
+    who = f"[{op.client}] " if op.client else ""
+    return f"{op.start - origin:8.3f} - {end:>8}  {who}{op.call} -> {show_answer(op)}"
+
+
+def _show_contract(answer: Answer) -> str:
+    if isinstance(answer, AcquireResult):
+        return f"refused, held by {answer.owner}" if not answer.acquired else "acquired"
+    return repr(answer)
+
+
+def _why_not(op: Op, states: States, slack: float, origin: float) -> list[str]:
+    lines = []
+    for state in sorted(states, key=str):
+        if op.end < state.now:
+            lines.append(f"it ended before {state.now - origin:.3f}, the last step's earliest time")
+        elif step(state, op, slack):
+            lines.append(f"{state}: allowed, but no order of the calls left goes on after it")
+        else:
+            expected = _show_contract(contract_answer(state, op))
+            lines.append(f"{state}: the contract answers {expected}")
+    return lines
+
+
+def explain_key(result: KeyResult, slack: float, origin: float = 0.0) -> str:
+    """Why ``result``'s key is not linearizable (times in s from ``origin``)."""
+    if result.ok is not False:
+        return f"key {result.key!r}: {'linearizable' if result.ok else 'undecided (timed out)'}"
+    lines = [
+        f"key {result.key!r}: NOT linearizable; the longest order places "
+        f"{len(result.longest)} of {result.calls} calls.",
+        "The end of that order (times in s; each call, then the states it may leave):",
+    ]
+    if len(result.longest) > TAIL:
+        lines.append(f"    ... {len(result.longest) - TAIL} calls before")
+    for placed in result.longest[-TAIL:]:
+        lines.append("  " + _show_call(placed.op, origin))
+        lines += [f"        => {state}" for state in sorted(placed.after, key=str)]
+    final = result.longest[-1].after if result.longest else frozenset({INITIAL})
+    lines.append("Calls that cannot follow it:")
+    for op in result.stuck:
+        lines.append("  " + _show_call(op, origin))
+        lines += [f"        {line}" for line in _why_not(op, final, slack, origin)]
+    return "\n".join(lines)
+
+
+def explain(result: CheckResult, origin: float = 0.0) -> str:
+    """Every violation of ``result``, one key after another."""
+    return "\n\n".join(explain_key(key, result.slack, origin) for key in result.violations)

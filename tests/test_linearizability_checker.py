@@ -1,0 +1,260 @@
+"""The linearizability checker on hand-made histories of one key (times in seconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from etcd_leases import AcquireResult
+from tests.linearizability.checker import check
+from tests.linearizability.history import (
+    Answer,
+    Call,
+    History,
+    acquire,
+    get_owner,
+    release,
+    renew,
+    transfer,
+)
+from tests.linearizability.report import explain
+
+TTL = 10_000  # ms: long enough not to expire unless a test says so
+
+Row = tuple[Call, float, float | None, Answer]
+
+
+def won(owner: str, token: int, ttl_ms: int = TTL) -> AcquireResult:
+    return AcquireResult(True, owner, token, ttl_ms)
+
+
+def lost_to(holder: str) -> AcquireResult:
+    return AcquireResult(False, holder)
+
+
+def history(*rows: Row, client: str = "") -> History:
+    made = History()
+    for call, start, end, answer in rows:
+        made.add("k", call, start, end, answer, client)
+    return made
+
+
+def linearizable(*rows: Row) -> bool | None:
+    return check(history(*rows)).ok
+
+
+HELD_BY_O1: list[Row] = [(acquire("o1", TTL), 0.0, 0.1, won("o1", 5))]
+
+
+@pytest.mark.parametrize(
+    "name, rows",
+    [
+        (
+            "a read still sees a released owner",
+            [*HELD_BY_O1, (release("o1"), 1.0, 1.1, None), (get_owner(), 1.2, 1.3, "o1")],
+        ),
+        (
+            "a release is lost (an acquire after it is refused)",
+            [
+                *HELD_BY_O1,
+                (release("o1"), 1.0, 1.1, None),
+                (acquire("o2", TTL), 1.2, 1.3, lost_to("o1")),
+            ],
+        ),
+        ("two owners", [*HELD_BY_O1, (acquire("o2", TTL), 1.0, 1.1, won("o2", 6))]),
+        (
+            "a transfer by a former owner",
+            [
+                *HELD_BY_O1,
+                (transfer("o1", "o2", TTL), 1.0, 1.1, True),
+                (transfer("o1", "o3", TTL), 1.2, 1.3, True),
+            ],
+        ),
+        (
+            "a token goes down",
+            [
+                *HELD_BY_O1,
+                (release("o1"), 1.0, 1.1, None),
+                (acquire("o2", TTL), 1.2, 1.3, won("o2", 4)),
+            ],
+        ),
+        (
+            "a token is reused",
+            [
+                *HELD_BY_O1,
+                (release("o1"), 1.0, 1.1, None),
+                (acquire("o2", TTL), 1.2, 1.3, won("o2", 5)),
+            ],
+        ),
+        (
+            "an owner's re-acquire moves its token back",
+            [*HELD_BY_O1, (acquire("o1", TTL), 1.0, 1.1, won("o1", 4))],
+        ),
+        (
+            "an expiry before the TTL",
+            [(acquire("o1", 2000), 0.0, 0.1, won("o1", 5, 2000)), (get_owner(), 1.5, 1.6, None)],
+        ),
+        (
+            "a renewal expires before its TTL",
+            [
+                (acquire("o1", 1000), 0.0, 0.1, won("o1", 5, 1000)),
+                (renew("o1", 3000), 0.5, 0.6, True),
+                (acquire("o2", TTL), 2.0, 2.1, won("o2", 6)),
+            ],
+        ),
+        ("a renew by a non-owner", [*HELD_BY_O1, (renew("o2", TTL), 1.0, 1.1, True)]),
+        ("a renew by the owner refused", [*HELD_BY_O1, (renew("o1", TTL), 1.0, 1.1, False)]),
+        (
+            "a refusal names another holder",
+            [*HELD_BY_O1, (acquire("o2", TTL), 1.0, 1.1, lost_to("o3"))],
+        ),
+        (
+            "a read placed inside the wrong call",
+            [*HELD_BY_O1, (release("o1"), 1.0, 2.0, None), (get_owner(), 2.5, 2.6, "o1")],
+        ),
+    ],
+)
+def test_it_rejects(name: str, rows: list[Row]) -> None:
+    assert linearizable(*rows) is False, name
+
+
+# Issue 19, violation A: o1's re-acquire with another TTL from another provider moved
+# its token on while o1's transfer ran; o1 held the key throughout; the transfer said False.
+VIOLATION_A: list[Row] = [
+    (acquire("o1", 2000), 0.0, 0.1, won("o1", 208, 2000)),
+    (get_owner(), 1.0, 1.01, "o1"),
+    (transfer("o1", "o4", 2000), 1.1, 1.5, False),
+    (acquire("o1", 3000), 1.2, 1.3, won("o1", 213, 3000)),
+    (get_owner(), 1.6, 1.61, "o1"),
+]
+
+# Violation B: o2's acquire lost its first answer; its copy, sent again, found the key
+# held by o0 and said "refused" although the first copy had landed: readers saw o2
+# holding it until o2's transfer moved it to o0.
+VIOLATION_B: list[Row] = [
+    (acquire("o0", 2000), 0.0, 0.1, won("o0", 5, 2000)),
+    (release("o0"), 0.5, 0.6, None),
+    (acquire("o2", 2000), 1.0, 2.0, lost_to("o0")),
+    (get_owner(), 1.1, 1.2, "o2"),
+    (get_owner(), 1.5, 1.6, "o2"),
+    (transfer("o2", "o0", 2000), 1.7, 1.8, True),
+    (get_owner(), 1.9, 1.95, "o0"),
+]
+
+
+@pytest.mark.parametrize("rows", [VIOLATION_A, VIOLATION_B], ids=["A", "B"])
+def test_it_rejects_the_violations_of_issue_19(rows: list[Row]) -> None:
+    assert linearizable(*rows) is False
+
+
+@pytest.mark.parametrize(
+    "name, rows",
+    [
+        (
+            "a read overlapping an acquire, before it",
+            [(acquire("o1", TTL), 0.0, 1.0, won("o1", 5)), (get_owner(), 0.5, 0.6, None)],
+        ),
+        (
+            "a read overlapping an acquire, after it",
+            [(acquire("o1", TTL), 0.0, 1.0, won("o1", 5)), (get_owner(), 0.5, 0.6, "o1")],
+        ),
+        (
+            "a release and an acquire, the acquire first",
+            [
+                *HELD_BY_O1,
+                (release("o1"), 1.0, 2.0, None),
+                (acquire("o2", TTL), 1.5, 1.6, lost_to("o1")),
+            ],
+        ),
+        (
+            "a release and an acquire, the release first",
+            [
+                *HELD_BY_O1,
+                (release("o1"), 1.0, 2.0, None),
+                (acquire("o2", TTL), 1.5, 1.6, won("o2", 7)),
+            ],
+        ),
+        (
+            "concurrent acquires, one winner",
+            [
+                (acquire("o1", TTL), 0.0, 1.0, lost_to("o3")),
+                (acquire("o2", TTL), 0.1, 1.1, lost_to("o3")),
+                (acquire("o3", TTL), 0.2, 1.2, won("o3", 9)),
+                (get_owner(), 1.3, 1.4, "o3"),
+            ],
+        ),
+        (
+            "an expiry after the TTL",
+            [
+                (acquire("o1", 1000), 0.0, 0.1, won("o1", 5, 1000)),
+                (get_owner(), 1.2, 1.3, None),
+                (acquire("o2", TTL), 1.4, 1.5, won("o2", 6)),
+            ],
+        ),
+        (
+            "a key kept past its TTL",
+            [
+                (acquire("o1", 1000), 0.0, 0.1, won("o1", 5, 1000)),
+                (get_owner(), 1.5, 1.6, "o1"),
+                (renew("o1", 1000), 3.0, 3.1, True),
+                (get_owner(), 3.5, 3.6, "o1"),
+            ],
+        ),
+        (
+            "a lost acquire that took effect",
+            [(acquire("o2", TTL), 0.0, None, None), (get_owner(), 1.0, 1.1, "o2")],
+        ),
+        (
+            "a lost acquire that did not",
+            [(acquire("o2", TTL), 0.0, None, None), (get_owner(), 1.0, 1.1, None)],
+        ),
+        (
+            "a lost acquire that took effect late",
+            [
+                *HELD_BY_O1,
+                (acquire("o2", TTL), 0.5, None, None),
+                (get_owner(), 0.6, 0.7, "o1"),
+                (release("o1"), 1.0, 1.1, None),
+                (get_owner(), 2.0, 2.1, "o2"),
+            ],
+        ),
+        (
+            "a transfer, then the new owner's token grows",
+            [
+                *HELD_BY_O1,
+                (transfer("o1", "o2", TTL), 1.0, 1.1, True),
+                (acquire("o2", TTL), 1.2, 1.3, won("o2", 6)),
+                (release("o2"), 1.4, 1.5, None),
+                (acquire("o3", TTL), 1.6, 1.7, won("o3", 8)),
+            ],
+        ),
+    ],
+)
+def test_it_accepts(name: str, rows: list[Row]) -> None:
+    assert linearizable(*rows) is True, name
+
+
+def test_a_renewal_counts_from_its_own_start() -> None:
+    renewed: list[Row] = [
+        (acquire("o1", 1000), 0.0, 0.1, won("o1", 5, 1000)),
+        (renew("o1", 1000), 0.8, 0.9, True),
+    ]
+    assert linearizable(*renewed, (get_owner(), 1.5, 1.6, None)) is False
+    assert linearizable(*renewed, (get_owner(), 1.9, 2.0, None)) is True
+
+
+def test_violation_a_is_printed_as_a_transfer_refused_to_the_holder() -> None:
+    result = check(history(*VIOLATION_A, client="P0"))
+    printed = explain(result)
+    print(printed)
+    stuck = printed.split("Calls that cannot follow it:")[1]
+    assert "transfer_lease(o1 -> o4, 2000 ms) -> False" in stuck
+    assert "the contract answers True" in stuck
+    assert "acquired, token 213" in printed.split("Calls that cannot follow it:")[0]
+
+
+def test_violation_b_is_printed_as_a_refusal_while_readers_see_the_caller() -> None:
+    printed = explain(check(history(*VIOLATION_B)))
+    print(printed)
+    stuck = printed.split("Calls that cannot follow it:")[1]
+    assert "get_lease_owner() -> 'o2'" in stuck
+    assert "the contract answers None" in stuck
