@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import pytest
 
 from etcd_leases import AcquireResult
 from tests.linearizability.checker import check
+from tests.linearizability.generate import valid_history
 from tests.linearizability.history import (
     Answer,
     Call,
@@ -258,3 +262,26 @@ def test_violation_b_is_printed_as_a_refusal_while_readers_see_the_caller() -> N
     stuck = printed.split("Calls that cannot follow it:")[1]
     assert "get_lease_owner() -> 'o2'" in stuck
     assert "the contract answers None" in stuck
+
+
+def test_a_generated_valid_history_of_20000_calls_passes_in_seconds() -> None:
+    """12 tasks over 4 keys for 40 s, some answers lost; the figure is printed, not timed."""
+    made = valid_history(20_000, 40.0, keys=4, tasks=12, seed=19)
+    began = time.monotonic()
+    result = check(made, timeout=100)
+    took = time.monotonic() - began
+    print(f"checked 20,000 calls in {took:.2f} s ({20_000 / took:,.0f} calls/s)")
+    assert result.ok is True, explain(result)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_generated_history_with_one_answer_changed_fails(seed: int) -> None:
+    """A read answered with an owner nobody was given the key as: no order explains it."""
+    made = valid_history(2_000, 4.0, keys=2, tasks=8, seed=seed)
+    index = len(made.ops) // 2
+    while made.ops[index].call.name != "get_owner" or not made.ops[index].answered:
+        index += 1
+    made.ops[index] = replace(made.ops[index], answer="nobody")
+    result = check(made)
+    assert result.ok is False
+    assert "get_lease_owner() -> 'nobody'" in explain(result)

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tests.linearizability.history import History, Op
-from tests.linearizability.model import INITIAL, KeyState, step_all
+from tests.linearizability.model import INITIAL, KeyState, read_seen_by_all, step_all
 
 #: Seconds an expiry may come before ``start + TTL``: clock granularity and the
 #: difference between our clock's rate and etcd's.
@@ -115,9 +115,9 @@ def check_key(key: str, ops: list[Op], slack: float, deadline: float) -> KeyResu
     states: States = frozenset({INITIAL})
     placed = 0  # bitset of placed calls
     cache = {(placed, states)}
-    stack: list[tuple[_Node, States]] = []  # each placement, and the states before it
-    longest: tuple[Placed, ...] = ()
-    stuck: tuple[Op, ...] = ()
+    stack: list[tuple[_Node, States, bool]] = []  # each placement, and the states before it
+    longest: list[tuple[_Node, States, bool]] = []  # the longest stack seen, and its states
+    last, stuck = states, _waiting(head, ops)
     node = head.next
     steps = 0
     while head.next is not None:
@@ -126,12 +126,13 @@ def check_key(key: str, ops: list[Op], slack: float, deadline: float) -> KeyResu
         if steps % 4096 == 0 and time.monotonic() > deadline:
             return KeyResult(key, None, len(ops))
         if node.match is not None:
-            after = step_all(states, ops[node.index], slack)
+            op = ops[node.index]
+            after = step_all(states, op, slack)
             if after:
                 bits = placed | 1 << node.index
                 if (bits, after) not in cache:
                     cache.add((bits, after))
-                    stack.append((node, states))
+                    stack.append((node, states, read_seen_by_all(states, op)))
                     states, placed = after, bits
                     _lift(node)
                     node = head.next
@@ -140,16 +141,20 @@ def check_key(key: str, ops: list[Op], slack: float, deadline: float) -> KeyResu
             continue
         # A return: its call could not be placed before it. Take the last placement back.
         if len(stack) > len(longest):
-            afters = [before for _, before in stack[1:]] + [states]
-            longest = tuple(
-                Placed(ops[n.index], a) for (n, _), a in zip(stack, afters, strict=True)
+            longest, last, stuck = stack.copy(), states, _waiting(head, ops)
+        # A read that every state gave was placed without loss: no other order from
+        # before it can work either, so its placement goes back too.
+        forced = True
+        while forced and stack:
+            node, states, forced = stack.pop()
+            placed &= ~(1 << node.index)
+            _unlift(node)
+        if forced:
+            afters = [before for _, before, _ in longest[1:]] + [last]
+            order = tuple(
+                Placed(ops[n.index], a) for (n, _, _), a in zip(longest, afters, strict=True)
             )
-            stuck = _waiting(head, ops)
-        if not stack:
-            return KeyResult(key, False, len(ops), longest, stuck or _waiting(head, ops))
-        node, states = stack.pop()
-        placed &= ~(1 << node.index)
-        _unlift(node)
+            return KeyResult(key, False, len(ops), order, stuck)
         node = node.next
     return KeyResult(key, True, len(ops))
 

@@ -146,6 +146,18 @@ def step(state: KeyState, op: Op, slack: float) -> list[KeyState]:
     return found
 
 
+def read_seen_by_all(states: frozenset[KeyState], op: Op) -> bool:
+    """Whether ``op`` is a read that every state answers as it was answered.
+
+    Such a read may be placed as soon as its times allow, without loss: any order that
+    places it later works with it moved there (it changes no state, every call still
+    unplaced ended after it began, and it reads now what it read there).
+    """
+    if op.call.name != "get_owner" or not op.answered:
+        return False
+    return all(state.owner == op.answer and op.end >= state.now for state in states)
+
+
 def step_all(states: frozenset[KeyState], op: Op, slack: float) -> frozenset[KeyState]:
     """:func:`step` from each state; of states alike but for ``now``, the earliest is kept
     (it allows everything a later one does)."""
