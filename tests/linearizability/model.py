@@ -46,11 +46,13 @@ class KeyState(NamedTuple):
         """The least the held tenure's token can be."""
         return self.min_token if self.token is None else self.token
 
-    def __str__(self) -> str:
+    def show(self, origin: float = 0.0) -> str:
+        """The state in words, times in s from ``origin``."""
         if self.owner is None:
             return f"free (next token >= {self.min_token})"
         token = self.token if self.token is not None else f">= {self.min_token}"
-        return f"owner {self.owner}, token {token}, may expire from {self.expires_from:.3f}"
+        expiry = self.expires_from - origin
+        return f"owner {self.owner}, token {token}, may expire from {expiry:.3f}"
 
 
 INITIAL = KeyState(None, None, 0, math.inf, -math.inf)

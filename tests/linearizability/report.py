@@ -10,7 +10,7 @@ from __future__ import annotations
 from etcd_leases import AcquireResult
 from tests.linearizability.checker import CheckResult, KeyResult, States
 from tests.linearizability.history import Answer, Op, show_answer
-from tests.linearizability.model import INITIAL, contract_answer, step
+from tests.linearizability.model import INITIAL, KeyState, contract_answer, step
 
 TAIL = 12  # calls of the longest order shown
 
@@ -29,14 +29,14 @@ def _show_contract(answer: Answer) -> str:
 
 def _why_not(op: Op, states: States, slack: float, origin: float) -> list[str]:
     lines = []
-    for state in sorted(states, key=str):
+    for state in sorted(states, key=KeyState.show):
         if op.end < state.now:
             lines.append(f"it ended before {state.now - origin:.3f}, the last step's earliest time")
         elif step(state, op, slack):
-            lines.append(f"{state}: allowed, but no order of the calls left goes on after it")
+            lines.append(f"{state.show(origin)}: allowed, but no order of the calls left goes on")
         else:
             expected = _show_contract(contract_answer(state, op))
-            lines.append(f"{state}: the contract answers {expected}")
+            lines.append(f"{state.show(origin)}: the contract answers {expected}")
     return lines
 
 
@@ -53,7 +53,9 @@ def explain_key(result: KeyResult, slack: float, origin: float = 0.0) -> str:
         lines.append(f"    ... {len(result.longest) - TAIL} calls before")
     for placed in result.longest[-TAIL:]:
         lines.append("  " + _show_call(placed.op, origin))
-        lines += [f"        => {state}" for state in sorted(placed.after, key=str)]
+        lines += [
+            f"        => {state.show(origin)}" for state in sorted(placed.after, key=KeyState.show)
+        ]
     final = result.longest[-1].after if result.longest else frozenset({INITIAL})
     lines.append("Calls that cannot follow it:")
     for op in result.stuck:
