@@ -285,3 +285,17 @@ def test_a_generated_history_with_one_answer_changed_fails(seed: int) -> None:
     result = check(made)
     assert result.ok is False
     assert "get_lease_owner() -> 'nobody'" in explain(result)
+
+
+def test_an_early_expiry_after_a_leader_stall_is_allowed_and_counted_apart() -> None:
+    """etcd bug 15247: a stalled leader that resumes may revoke leases early."""
+    early = history(
+        (acquire("o1", 5000), 0.0, 0.1, won("o1", 5, 5000)),
+        (get_owner(), 2.0, 2.1, None),
+    )
+    assert check(early).ok is False
+    assert check(early, early=[(3.0, 4.0)]).ok is False  # not in the span
+    allowed = check(early, early=[(1.5, 2.5)])
+    assert allowed.ok is True
+    assert allowed.early == ("k",)
+    assert check(history(*HELD_BY_O1), early=[(1.5, 2.5)]).early == ()

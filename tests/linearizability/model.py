@@ -17,6 +17,7 @@ So one step may lead to several states; :func:`step_all` keeps them as a set.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from etcd_leases import AcquireResult
@@ -58,12 +59,35 @@ class KeyState(NamedTuple):
 INITIAL = KeyState(None, None, 0, math.inf, -math.inf)
 
 
+@dataclass(frozen=True)
+class Timing:
+    """``slack``: how long before ``start + TTL`` an expiry may come (clock granularity,
+    clock rates). ``early``: spans of time in which any tenure may end (etcd bug 15247,
+    right after a leader stall, on the versions that have it)."""
+
+    slack: float
+    early: tuple[tuple[float, float], ...] = ()
+
+    def expiry(self, state: KeyState, at: float, end: float) -> float | None:
+        """The earliest moment from ``at`` to ``end`` when ``state``'s tenure may have
+        expired; ``None`` if there is none (or the key is free)."""
+        if state.owner is None:
+            return None
+        if max(at, state.expires_from) <= end:
+            return max(at, state.expires_from)
+        return min(
+            (max(at, lo) for lo, hi in self.early if max(at, lo) <= min(end, hi)), default=None
+        )
+
+
 def _free(state: KeyState, now: float) -> KeyState:
     return KeyState(None, None, state.next_token(), math.inf, now)
 
 
-def _tenure(owner: str, min_token: int, op: Op, ttl_ms: int, slack: float, now: float) -> KeyState:
-    return KeyState(owner, None, min_token, op.start + ttl_ms / 1000 - slack, now)
+def _tenure(
+    owner: str, min_token: int, op: Op, ttl_ms: int, timing: Timing, now: float
+) -> KeyState:
+    return KeyState(owner, None, min_token, op.start + ttl_ms / 1000 - timing.slack, now)
 
 
 def contract_answer(state: KeyState, op: Op) -> Answer:
@@ -80,28 +104,28 @@ def contract_answer(state: KeyState, op: Op) -> Answer:
     return owner == call.owner
 
 
-def _effect(state: KeyState, op: Op, slack: float) -> KeyState:
+def _effect(state: KeyState, op: Op, timing: Timing) -> KeyState:
     """The state after ``op`` took effect in ``state``, the token of a new tenure unknown."""
     call, now = op.call, state.now
     holds = state.owner == call.owner
     if call.name == "acquire" and (state.owner is None or holds):
         least = state.next_token() if state.owner is None else state.current_token()
-        return _tenure(call.owner, least, op, call.ttl_ms, slack, now)
+        return _tenure(call.owner, least, op, call.ttl_ms, timing, now)
     if call.name == "release" and holds:
         return _free(state, now)
     if call.name == "renew" and holds:
         # Another TTL may move the token forward, never back.
-        return _tenure(call.owner, state.current_token(), op, call.ttl_ms, slack, now)
+        return _tenure(call.owner, state.current_token(), op, call.ttl_ms, timing, now)
     if call.name == "transfer" and holds:
-        return _tenure(call.to_owner, state.next_token(), op, call.ttl_ms, slack, now)
+        return _tenure(call.to_owner, state.next_token(), op, call.ttl_ms, timing, now)
     return state
 
 
-def _answered(state: KeyState, op: Op, slack: float) -> KeyState | None:
+def _answered(state: KeyState, op: Op, timing: Timing) -> KeyState | None:
     """The state after ``op`` gave its recorded answer in ``state``; ``None`` if it cannot."""
     expected, answer = contract_answer(state, op), op.answer
     if not isinstance(expected, AcquireResult):
-        return _effect(state, op, slack) if answer == expected else None
+        return _effect(state, op, timing) if answer == expected else None
     if not isinstance(answer, AcquireResult) or answer.acquired != expected.acquired:
         return None
     if not answer.acquired:
@@ -114,9 +138,9 @@ def _answered(state: KeyState, op: Op, slack: float) -> KeyState | None:
     granted = op.call.ttl_ms if answer.ttl_ms is None else answer.ttl_ms
     if granted < op.call.ttl_ms:
         return None  # a coarser clock rounds up, never down
-    if answer.token < _effect(state, op, slack).min_token:
+    if answer.token < _effect(state, op, timing).min_token:
         return None  # a new tenure's token exceeds every earlier one; a re-acquire's never drops
-    after = _tenure(op.call.owner, answer.token, op, granted, slack, state.now)
+    after = _tenure(op.call.owner, answer.token, op, granted, timing, state.now)
     return after._replace(token=answer.token)
 
 
@@ -129,22 +153,23 @@ def _learn_token(state: KeyState, token: int | None) -> KeyState | None:
     return state._replace(token=token) if token >= state.min_token else None
 
 
-def step(state: KeyState, op: Op, slack: float) -> list[KeyState]:
+def step(state: KeyState, op: Op, timing: Timing) -> list[KeyState]:
     """The states ``op`` may leave the key in, placed after ``state``; [] if none."""
     if op.end < state.now:
         return []
     at = max(state.now, op.start)
     seen = [state._replace(now=at)]
-    if state.owner is not None and state.expires_from <= op.end:
-        seen.append(_free(state, max(at, state.expires_from)))
+    expired_at = timing.expiry(state, at, op.end)
+    if expired_at is not None:
+        seen.append(_free(state, expired_at))
     found: list[KeyState] = []
     for before in seen:
         if op.answered:
-            after = _answered(before, op, slack)
+            after = _answered(before, op, timing)
             if after is not None:
                 found.append(after)
         else:
-            found += [before, _effect(before, op, slack)]
+            found += [before, _effect(before, op, timing)]
     return found
 
 
@@ -160,12 +185,12 @@ def read_seen_by_all(states: frozenset[KeyState], op: Op) -> bool:
     return all(state.owner == op.answer and op.end >= state.now for state in states)
 
 
-def step_all(states: frozenset[KeyState], op: Op, slack: float) -> frozenset[KeyState]:
+def step_all(states: frozenset[KeyState], op: Op, timing: Timing) -> frozenset[KeyState]:
     """:func:`step` from each state; of states alike but for ``now``, the earliest is kept
     (it allows everything a later one does)."""
     earliest: dict[tuple[str | None, int | None, int, float], KeyState] = {}
     for state in states:
-        for after in step(state, op, slack):
+        for after in step(state, op, timing):
             core = (after.owner, after.token, after.min_token, after.expires_from)
             kept = earliest.get(core)
             if kept is None or after.now < kept.now:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from etcd_leases import AcquireResult
 from tests.linearizability.checker import CheckResult, KeyResult, States
 from tests.linearizability.history import Answer, Op, show_answer
-from tests.linearizability.model import INITIAL, KeyState, contract_answer, step
+from tests.linearizability.model import INITIAL, KeyState, Timing, contract_answer, step
 
 TAIL = 12  # calls of the longest order shown
 
@@ -27,12 +27,12 @@ def _show_contract(answer: Answer) -> str:
     return repr(answer)
 
 
-def _why_not(op: Op, states: States, slack: float, origin: float) -> list[str]:
+def _why_not(op: Op, states: States, timing: Timing, origin: float) -> list[str]:
     lines = []
     for state in sorted(states, key=KeyState.show):
         if op.end < state.now:
             lines.append(f"it ended before {state.now - origin:.3f}, the last step's earliest time")
-        elif step(state, op, slack):
+        elif step(state, op, timing):
             lines.append(f"{state.show(origin)}: allowed, but no order of the calls left goes on")
         else:
             expected = _show_contract(contract_answer(state, op))
@@ -40,7 +40,7 @@ def _why_not(op: Op, states: States, slack: float, origin: float) -> list[str]:
     return lines
 
 
-def explain_key(result: KeyResult, slack: float, origin: float = 0.0) -> str:
+def explain_key(result: KeyResult, timing: Timing, origin: float = 0.0) -> str:
     """Why ``result``'s key is not linearizable (times in s from ``origin``)."""
     if result.ok is not False:
         return f"key {result.key!r}: {'linearizable' if result.ok else 'undecided (timed out)'}"
@@ -60,10 +60,10 @@ def explain_key(result: KeyResult, slack: float, origin: float = 0.0) -> str:
     lines.append("Calls that cannot follow it:")
     for op in result.stuck:
         lines.append("  " + _show_call(op, origin))
-        lines += [f"        {line}" for line in _why_not(op, final, slack, origin)]
+        lines += [f"        {line}" for line in _why_not(op, final, timing, origin)]
     return "\n".join(lines)
 
 
 def explain(result: CheckResult, origin: float = 0.0) -> str:
     """Every violation of ``result``, one key after another."""
-    return "\n\n".join(explain_key(key, result.slack, origin) for key in result.violations)
+    return "\n\n".join(explain_key(key, result.timing, origin) for key in result.violations)
