@@ -18,19 +18,18 @@ from tests.conftest import unique_prefix
 from tests.linearizability.checker import CheckResult, check
 from tests.linearizability.history import History
 from tests.linearizability.report import explain
-from tests.linearizability.workload import Task, drive
+from tests.linearizability.workload import Task, drive, standard_tasks
 
 PROVIDERS = 3
-BUSY_KEYS = ["k0", "k1"]
-TTLS_MS = [1000, 2000]
-BUSY = (0.0, 0.005)  # s between a busy task's calls
-SPARSE = (0.3, 1.5)  # s between a sparse task's calls: slower than the TTLs
+# Owner ids of each provider's own: none is used from two providers.
+OWN_OWNERS = [[f"p{index}-o{number}" for number in range(3)] for index in range(PROVIDERS)]
 
 
-def tasks(owners: Sequence[str], index: int) -> list[Task]:
-    """Three busy tasks on the shared keys, one sparse task on a key of this provider."""
-    busy = Task(BUSY_KEYS, owners, TTLS_MS, BUSY)
-    return [busy, busy, busy, Task([f"sparse{index}"], owners, TTLS_MS, SPARSE)]
+def clients(
+    providers: Sequence[LeaseProvider], owners: Sequence[Sequence[str]]
+) -> dict[str, tuple[LeaseProvider, list[Task]]]:
+    """Provider ``i`` is client ``p<i>``, calling as ``owners[i]``."""
+    return {f"p{i}": (p, standard_tasks(owners[i], i)) for i, p in enumerate(providers)}
 
 
 @pytest.fixture
@@ -57,10 +56,7 @@ async def test_the_history_of_several_providers_is_linearizable(
 ) -> None:
     """Each provider's tasks share owner ids; no owner id is used from two providers
     (that races the shared-owner defect of issue 19 A: see the test below)."""
-    owners = [[f"p{index}-o{number}" for number in range(3)] for index in range(PROVIDERS)]
-    history = await drive(
-        providers, [tasks(owners[i], i) for i in range(PROVIDERS)], seconds=8, seed=1
-    )
+    history = await drive(clients(providers, OWN_OWNERS), time.monotonic() + 8, seed=1)
     result = checked(history)
     assert result.ok is True
     acquired = [op for op in history.ops if isinstance(op.answer, AcquireResult)]
@@ -75,10 +71,8 @@ async def test_the_history_of_several_providers_is_linearizable(
 async def test_the_same_owner_ids_from_several_providers_is_linearizable(
     providers: list[EtcdLeaseProvider],
 ) -> None:
-    owners = ["o0", "o1", "o2"]
-    history = await drive(
-        providers, [tasks(owners, i) for i in range(PROVIDERS)], seconds=6, seed=2
-    )
+    owners = ["o0", "o1", "o2"]  # used by every provider
+    history = await drive(clients(providers, [owners] * PROVIDERS), time.monotonic() + 6, seed=2)
     assert checked(history).ok is True
 
 
@@ -113,9 +107,8 @@ class CachedReads:
 async def test_a_provider_with_cached_reads_is_caught(
     providers: list[EtcdLeaseProvider],
 ) -> None:
-    owners = [[f"p{index}-o{number}" for number in range(3)] for index in range(PROVIDERS)]
     wrong: list[LeaseProvider] = [CachedReads(provider) for provider in providers]
-    history = await drive(wrong, [tasks(owners[i], i) for i in range(PROVIDERS)], seconds=3)
+    history = await drive(clients(wrong, OWN_OWNERS), time.monotonic() + 3)
     result = checked(history)
     assert result.ok is False
     assert "get_lease_owner()" in explain(result).split("Calls that cannot follow it:")[1]

@@ -8,11 +8,12 @@ start, or never.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, NamedTuple
 
 from etcd_leases import AcquireResult
 
@@ -104,3 +105,35 @@ class History:
         """Record a call that ran from ``start`` to ``end`` (``None``: no answer came)."""
         finished = math.inf if end is None else end
         self.ops.append(Op(client, key, call, start, finished, answer))
+
+    def dump(self, path: str) -> None:
+        """Write the calls as JSON lines (how a child process hands its history over)."""
+        with open(path, "w", encoding="utf-8") as out:
+            for op in self.ops:
+                out.write(json.dumps(_to_json(op)) + "\n")
+
+    def load(self, path: str) -> None:
+        """Add the calls :meth:`dump` wrote to ``path``."""
+        with open(path, encoding="utf-8") as lines:
+            self.ops += [_from_json(json.loads(line)) for line in lines]
+
+
+def _to_json(op: Op) -> dict[str, Any]:
+    answer = asdict(op.answer) if isinstance(op.answer, AcquireResult) else op.answer
+    end = op.end if op.answered else None
+    return {
+        "client": op.client,
+        "key": op.key,
+        "call": list(op.call),
+        "start": op.start,
+        "end": end,
+        "answer": answer,
+    }
+
+
+def _from_json(line: dict[str, Any]) -> Op:
+    answer = line["answer"]
+    if isinstance(answer, dict):
+        answer = AcquireResult(**answer)
+    end = math.inf if line["end"] is None else line["end"]
+    return Op(line["client"], line["key"], Call(*line["call"]), line["start"], end, answer)

@@ -10,13 +10,17 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from etcd_leases import LeaseError, LeaseProvider
 from tests.linearizability.history import Call, CallName, History
 from tests.linearizability.recorder import RecordingProvider, send
 
+BUSY_KEYS = ["k0", "k1"]
+TTLS_MS = [1000, 2000]
+BUSY = (0.0, 0.005)  # s between a busy task's calls
+SPARSE = (0.3, 1.5)  # s between a sparse task's calls: slower than the TTLs
 NAMES: list[CallName] = ["acquire", "get_owner", "release", "renew", "transfer"]
 WEIGHTS = [30, 25, 10, 20, 15]
 
@@ -31,6 +35,12 @@ class Task:
     pause: tuple[float, float]
 
 
+def standard_tasks(owners: Sequence[str], index: int) -> list[Task]:
+    """Three busy tasks on the shared keys, one sparse task on a key of client ``index``."""
+    busy = Task(BUSY_KEYS, owners, TTLS_MS, BUSY)
+    return [busy, busy, busy, Task([f"sparse{index}"], owners, TTLS_MS, SPARSE)]
+
+
 def random_call(rng: random.Random, task: Task) -> Call:
     name = rng.choices(NAMES, WEIGHTS)[0]
     owner, ttl_ms = rng.choice(task.owners), rng.choice(task.ttls_ms)
@@ -43,7 +53,7 @@ def random_call(rng: random.Random, task: Task) -> Call:
     return Call(name, owner, ttl_ms)
 
 
-async def _run(provider: LeaseProvider, task: Task, until: float, seed: int) -> None:
+async def _run(provider: LeaseProvider, task: Task, until: float, seed: str) -> None:
     rng = random.Random(seed)
     while time.monotonic() < until:
         # Recorded without an answer; the checker lets it have landed or not.
@@ -53,17 +63,14 @@ async def _run(provider: LeaseProvider, task: Task, until: float, seed: int) -> 
 
 
 async def drive(
-    providers: Sequence[LeaseProvider],
-    tasks: Sequence[Sequence[Task]],
-    seconds: float,
-    seed: int = 0,
+    clients: Mapping[str, tuple[LeaseProvider, Sequence[Task]]], until: float, seed: int = 0
 ) -> History:
-    """Run ``tasks[i]`` through ``providers[i]`` for ``seconds``; every call recorded."""
+    """Run each client's tasks through its provider until ``until`` (monotonic time);
+    every call recorded under the client's name."""
     history = History()
-    until = time.monotonic() + seconds
     async with asyncio.TaskGroup() as group:
-        for index, (provider, its_tasks) in enumerate(zip(providers, tasks, strict=True)):
-            recorded = RecordingProvider(provider, history, f"p{index}")
-            for number, task in enumerate(its_tasks):
-                group.create_task(_run(recorded, task, until, seed * 1000 + index * 100 + number))
+        for name, (provider, tasks) in clients.items():
+            recorded = RecordingProvider(provider, history, name)
+            for number, task in enumerate(tasks):
+                group.create_task(_run(recorded, task, until, f"{seed}/{name}/{number}"))
     return history
