@@ -29,6 +29,7 @@ from tests.linearizability.model import INITIAL, KeyState, Timing, read_seen_by_
 DEFAULT_SLACK = 0.05
 
 States = frozenset[KeyState]
+MAX_STEPS_KEPT = 200_000  # steps worked out and kept (memory stays in the 100s of MB)
 
 
 @dataclass(frozen=True)
@@ -119,15 +120,22 @@ def check_key(key: str, ops: list[Op], timing: Timing, deadline: float) -> KeyRe
     longest: list[tuple[_Node, States, bool]] = []  # the longest stack seen, and its states
     last, stuck = states, _waiting(head, ops)
     node = head.next
-    steps = 0
+    steps: dict[tuple[States, int], States] = {}
+    tries = 0
     while head.next is not None:
         assert node is not None  # the list always ends with a return
-        steps += 1
-        if steps % 4096 == 0 and time.monotonic() > deadline:
+        tries += 1
+        if tries % 4096 == 0 and time.monotonic() > deadline:
             return KeyResult(key, None, len(ops))
         if node.match is not None:
             op = ops[node.index]
-            after = step_all(states, op, timing)
+            # The same call is tried from the same states again and again while the
+            # search backtracks: each step is worked out once.
+            after = steps.get((states, node.index))
+            if after is None:
+                if len(steps) > MAX_STEPS_KEPT:
+                    steps.clear()
+                after = steps[states, node.index] = step_all(states, op, timing)
             if after:
                 bits = placed | 1 << node.index
                 if (bits, after) not in cache:

@@ -114,8 +114,9 @@ def _effect(state: KeyState, op: Op, timing: Timing) -> KeyState:
     if call.name == "release" and holds:
         return _free(state, now)
     if call.name == "renew" and holds:
-        # Another TTL may move the token forward, never back.
-        return _tenure(call.owner, state.current_token(), op, call.ttl_ms, timing, now)
+        # The token stays as known: another TTL may move it forward unseen (an acquire
+        # or refusal that tells a larger one later is allowed), never back.
+        return state._replace(expires_from=op.start + call.ttl_ms / 1000 - timing.slack)
     if call.name == "transfer" and holds:
         return _tenure(call.to_owner, state.next_token(), op, call.ttl_ms, timing, now)
     return state
@@ -145,12 +146,10 @@ def _answered(state: KeyState, op: Op, timing: Timing) -> KeyState | None:
 
 
 def _learn_token(state: KeyState, token: int | None) -> KeyState | None:
-    """A refused acquire may tell the holder's token: it must fit what is known."""
+    """A refused acquire may tell the holder's token: never below what is known."""
     if token is None:
         return state
-    if state.token is not None:
-        return state if token == state.token else None
-    return state._replace(token=token) if token >= state.min_token else None
+    return state._replace(token=token) if token >= state.current_token() else None
 
 
 def step(state: KeyState, op: Op, timing: Timing) -> list[KeyState]:

@@ -3,7 +3,7 @@
 Also the long check, from the repository's root::
 
     python -m tests.linearizability.soak --seconds 300 --runs 5 [--shared-owners]
-        [--binary /usr/bin/etcd] [--no-faults] [--keep DIR]
+        [--binary /usr/bin/etcd] [--no-faults] [--call-timeout 2] [--keep DIR]
 
 Each run starts a three-member cluster, records every call of three processes, checks
 the history and prints a violation's printout (see ``report``); it exits 1 if any run
@@ -51,7 +51,12 @@ class Run:
 
 
 async def _children(
-    cluster: EtcdCluster, owners: Sequence[Sequence[str]], start_at: float, until: float, out: Path
+    cluster: EtcdCluster,
+    owners: Sequence[Sequence[str]],
+    start_at: float,
+    until: float,
+    out: Path,
+    call_timeout: float,
 ) -> History:
     endpoints, prefix = cluster.endpoints, f"/lin-{time.time_ns()}/"
     children = []
@@ -59,7 +64,7 @@ async def _children(
         config = {
             "endpoints": endpoints[index:] + endpoints[:index],
             "prefix": prefix,
-            "timeout": 2.0,
+            "timeout": call_timeout,
             "name": f"p{index}",
             "owners": list(its_owners),
             "index": index,
@@ -88,6 +93,7 @@ async def recorded_run(
     seconds: float,
     out: Path,
     faults: bool = True,
+    call_timeout: float = 2.0,
 ) -> Run:
     """One process per entry of ``owners`` (calling as those owners) for ``seconds``."""
     start_at = time.monotonic() + STARTUP
@@ -99,7 +105,9 @@ async def recorded_run(
         if faults:
             await nemesis.run(until)
 
-    history, _ = await asyncio.gather(_children(cluster, owners, start_at, until, out), inject())
+    history, _ = await asyncio.gather(
+        _children(cluster, owners, start_at, until, out, call_timeout), inject()
+    )
     spans = stall_spans(nemesis.faults) if has_bug_15247(etcd_version(binary)) else []
     result = check(history, timeout=max(60.0, seconds), early=spans)
     return Run(history, nemesis.faults, result, start_at)
@@ -112,6 +120,7 @@ def main() -> int:
     parser.add_argument("--binary", default=None, help="etcd binary (default: found on PATH)")
     parser.add_argument("--shared-owners", action="store_true", help="same owner ids everywhere")
     parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument("--call-timeout", type=float, default=2.0, help="the providers' timeout")
     parser.add_argument("--keep", type=Path, help="write each failed run's history here")
     args = parser.parse_args()
     own = [[f"p{index}-o{number}" for number in range(3)] for index in range(3)]
@@ -121,7 +130,13 @@ def main() -> int:
         with EtcdCluster(3, binary=args.binary) as cluster, tempfile.TemporaryDirectory() as out:
             run = asyncio.run(
                 recorded_run(
-                    cluster, cluster.binary, owners, args.seconds, Path(out), not args.no_faults
+                    cluster,
+                    cluster.binary,
+                    owners,
+                    args.seconds,
+                    Path(out),
+                    not args.no_faults,
+                    args.call_timeout,
                 )
             )
         print(f"run {number}: {run.summary()}", flush=True)
