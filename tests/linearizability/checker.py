@@ -10,25 +10,31 @@ state) is explored once: the cache turns the search from factorial into, on
 histories that real systems make, about linear. The model state is a set of
 states (:func:`model.step_all`), as Porcupine does for non-deterministic models.
 
-Keys are independent objects: each is checked alone, which keeps the bitsets short
+Beyond Porcupine: a call whose answer changes nothing wherever it is allowed (a read,
+a refusal) and that every state allows is placed without loss, so the search never
+tries it later (:func:`model.placed_without_loss`); and each step is worked out once.
+
+Keys are independent objects: each is checked alone, which keeps the search small
 and a violation's printout to the one key that has it.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tests.linearizability.history import History, Op
-from tests.linearizability.model import INITIAL, KeyState, Timing, read_seen_by_all, step_all
+from tests.linearizability.model import INITIAL, KeyState, Timing, placed_without_loss, step_all
 
 #: Seconds an expiry may come before ``start + TTL``: clock granularity and the
 #: difference between our clock's rate and etcd's.
 DEFAULT_SLACK = 0.05
 
 States = frozenset[KeyState]
+_ZOBRIST = random.Random(19)
 MAX_STEPS_KEPT = 200_000  # steps worked out and kept (memory stays in the 100s of MB)
 
 
@@ -114,7 +120,11 @@ def check_key(key: str, ops: list[Op], timing: Timing, deadline: float) -> KeyRe
     """Search for an order of ``ops`` (all on ``key``) that the model allows."""
     head = _events(ops)
     states: States = frozenset({INITIAL})
-    placed = 0  # bitset of placed calls
+    # The set of placed calls, as Zobrist hashing keeps it: the XOR of a random
+    # 128-bit number per call (a collision is as likely as guessing one: never). A
+    # bitset would cost memory and time in proportion to the calls, per placement.
+    numbers = [_ZOBRIST.getrandbits(128) for _ in ops]
+    placed = 0
     cache = {(placed, states)}
     stack: list[tuple[_Node, States, bool]] = []  # each placement, and the states before it
     longest: list[tuple[_Node, States, bool]] = []  # the longest stack seen, and its states
@@ -137,10 +147,10 @@ def check_key(key: str, ops: list[Op], timing: Timing, deadline: float) -> KeyRe
                     steps.clear()
                 after = steps[states, node.index] = step_all(states, op, timing)
             if after:
-                bits = placed | 1 << node.index
+                bits = placed ^ numbers[node.index]
                 if (bits, after) not in cache:
                     cache.add((bits, after))
-                    stack.append((node, states, read_seen_by_all(states, op)))
+                    stack.append((node, states, placed_without_loss(states, op, timing)))
                     states, placed = after, bits
                     _lift(node)
                     node = head.next
@@ -150,12 +160,12 @@ def check_key(key: str, ops: list[Op], timing: Timing, deadline: float) -> KeyRe
         # A return: its call could not be placed before it. Take the last placement back.
         if len(stack) > len(longest):
             longest, last, stuck = stack.copy(), states, _waiting(head, ops)
-        # A read that every state gave was placed without loss: no other order from
+        # A call placed without loss (see placed_without_loss): no other order from
         # before it can work either, so its placement goes back too.
         forced = True
         while forced and stack:
             node, states, forced = stack.pop()
-            placed &= ~(1 << node.index)
+            placed ^= numbers[node.index]
             _unlift(node)
         if forced:
             afters = [before for _, before, _ in longest[1:]] + [last]

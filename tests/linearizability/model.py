@@ -172,16 +172,30 @@ def step(state: KeyState, op: Op, timing: Timing) -> list[KeyState]:
     return found
 
 
-def read_seen_by_all(states: frozenset[KeyState], op: Op) -> bool:
-    """Whether ``op`` is a read that every state answers as it was answered.
+def _no_op_answer(op: Op) -> bool:
+    """Whether ``op``'s answer is one the contract gives only where the call changes
+    nothing: a read, a refused acquire (telling no token), a renew or transfer "False"."""
+    name, answer = op.call.name, op.answer
+    if name == "acquire":
+        return isinstance(answer, AcquireResult) and not answer.acquired and answer.token is None
+    return name == "get_owner" or (name in ("renew", "transfer") and answer is False)
 
-    Such a read may be placed as soon as its times allow, without loss: any order that
-    places it later works with it moved there (it changes no state, every call still
-    unplaced ended after it began, and it reads now what it read there).
+
+def placed_without_loss(states: frozenset[KeyState], op: Op, timing: Timing) -> bool:
+    """Whether ``op`` may be placed now without losing any order: its answer changes
+    nothing anywhere it is allowed, and every state allows it now.
+
+    Any order that places it later then works with it moved here: it changes nothing
+    the calls in between see, and each of them ended after it began (it could be
+    placed next), so each can still come after it.
     """
-    if op.call.name != "get_owner" or not op.answered:
+    if not op.answered or not _no_op_answer(op):
         return False
-    return all(state.owner == op.answer and op.end >= state.now for state in states)
+    for state in states:
+        after = _answered(state, op, timing)
+        if op.end < state.now or after is None or after[:4] != state[:4]:
+            return False
+    return True
 
 
 def step_all(states: frozenset[KeyState], op: Op, timing: Timing) -> frozenset[KeyState]:
