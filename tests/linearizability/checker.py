@@ -168,7 +168,7 @@ def check_key(key: str, ops: list[Op], timing: Timing, deadline: float) -> KeyRe
             placed ^= numbers[node.index]
             _unlift(node)
         if forced:
-            afters = [before for _, before, _ in longest[1:]] + [last]
+            afters = [before for _, before, _ in longest[1:]] + [last] if longest else []
             order = tuple(
                 Placed(ops[n.index], a) for (n, _, _), a in zip(longest, afters, strict=True)
             )
