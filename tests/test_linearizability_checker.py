@@ -266,6 +266,24 @@ def test_violation_b_is_printed_as_a_refusal_while_readers_see_the_caller() -> N
     stuck = printed.split("Calls that cannot follow it:")[1]
     assert "get_lease_owner() -> 'o2'" in stuck
     assert "the contract answers None" in stuck
+    makers = printed.split("could have made o2 the owner:")[1]
+    assert "acquire_lease(o2, 2000 ms) -> refused, held by o0" in makers
+
+
+def test_violation_b_of_a_transfer_is_printed_with_the_transfer_that_said_no() -> None:
+    """Found by the soak under faults: the transfer's first copy moved the key."""
+    printed = explain(
+        check(
+            history(
+                (acquire("o2", 2000), 0.0, 0.1, won("o2", 5, 2000)),
+                (transfer("o2", "o1", 2000), 1.0, 2.0, False),
+                (get_owner(), 1.3, 1.4, "o1"),
+            )
+        )
+    )
+    print(printed)
+    makers = printed.split("could have made o1 the owner:")[1]
+    assert "transfer_lease(o2 -> o1, 2000 ms) -> False" in makers
 
 
 def test_a_generated_valid_history_of_20000_calls_passes_in_seconds() -> None:

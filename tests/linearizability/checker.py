@@ -60,6 +60,7 @@ class KeyResult:
     calls: int
     longest: tuple[Placed, ...] = ()
     stuck: tuple[Op, ...] = ()
+    ops: tuple[Op, ...] = ()  # all the key's calls
 
 
 class _Node:
@@ -172,7 +173,7 @@ def check_key(key: str, ops: list[Op], timing: Timing, deadline: float) -> KeyRe
             order = tuple(
                 Placed(ops[n.index], a) for (n, _, _), a in zip(longest, afters, strict=True)
             )
-            return KeyResult(key, False, len(ops), order, stuck)
+            return KeyResult(key, False, len(ops), order, stuck, tuple(ops))
         node = node.next
     return KeyResult(key, True, len(ops))
 

@@ -13,6 +13,7 @@ from tests.linearizability.history import Answer, Op, show_answer
 from tests.linearizability.model import INITIAL, KeyState, Timing, contract_answer, step
 
 TAIL = 12  # calls of the longest order shown
+MAKERS = 3  # calls shown that could have made a named owner the holder
 
 
 def _show_call(op: Op, origin: float) -> str:
@@ -61,7 +62,28 @@ def explain_key(result: KeyResult, timing: Timing, origin: float = 0.0) -> str:
     for op in result.stuck:
         lines.append("  " + _show_call(op, origin))
         lines += [f"        {line}" for line in _why_not(op, final, timing, origin)]
+    for op in result.stuck:
+        owner = _named_owner(op)
+        if owner is not None:
+            lines.append(f"The latest calls before it that could have made {owner} the owner:")
+            makers = [m for m in result.ops if _makes(m, owner) and m.start <= op.end]
+            lines += ["  " + _show_call(m, origin) for m in makers[-MAKERS:]] or ["  none"]
     return "\n".join(lines)
+
+
+def _named_owner(op: Op) -> str | None:
+    """The holder ``op``'s answer names, if any."""
+    if op.call.name == "get_owner" and isinstance(op.answer, str):
+        return op.answer
+    if isinstance(op.answer, AcquireResult) and not op.answer.acquired:
+        return op.answer.owner
+    return None
+
+
+def _makes(op: Op, owner: str) -> bool:
+    return (op.call.name == "acquire" and op.call.owner == owner) or (
+        op.call.name == "transfer" and op.call.to_owner == owner
+    )
 
 
 def explain(result: CheckResult, origin: float = 0.0) -> str:
