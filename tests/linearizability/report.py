@@ -62,9 +62,11 @@ def explain_key(result: KeyResult, timing: Timing, origin: float = 0.0) -> str:
     for op in result.stuck:
         lines.append("  " + _show_call(op, origin))
         lines += [f"        {line}" for line in _why_not(op, final, timing, origin)]
+    named: set[str] = set()
     for op in result.stuck:
         owner = _named_owner(op)
-        if owner is not None:
+        if owner is not None and owner not in named:
+            named.add(owner)
             lines.append(f"The latest calls before it that could have made {owner} the owner:")
             makers = [m for m in result.ops if _makes(m, owner) and m.start <= op.end]
             lines += ["  " + _show_call(m, origin) for m in makers[-MAKERS:]] or ["  none"]
