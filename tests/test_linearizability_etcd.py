@@ -16,7 +16,7 @@ from etcd_leases import AcquireResult, EtcdLeaseProvider, LeaseProvider
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import unique_prefix
 from tests.linearizability.checker import CheckResult, check
-from tests.linearizability.history import History
+from tests.linearizability.history import History, show_answer
 from tests.linearizability.report import explain
 from tests.linearizability.workload import Task, drive, standard_tasks
 
@@ -56,11 +56,10 @@ async def test_the_history_of_several_providers_is_linearizable(
 ) -> None:
     """Each provider's tasks share owner ids; no owner id is used from two providers
     (that races the shared-owner defect of issue 19 A: see the test below)."""
-    history = await drive(clients(providers, OWN_OWNERS), time.monotonic() + 8, seed=1)
-    result = checked(history)
-    assert result.ok is True
-    acquired = [op for op in history.ops if isinstance(op.answer, AcquireResult)]
-    assert any(op.answer.acquired for op in acquired if isinstance(op.answer, AcquireResult))
+    history = await drive(clients(providers, OWN_OWNERS), time.monotonic() + 6, seed=1)
+    assert checked(history).ok is True
+    outcomes = {f"{op.call.name} {show_answer(op).split(',')[0]}" for op in history.ops}
+    assert {"acquire acquired", "acquire refused", "transfer True", "renew True"} <= outcomes
 
 
 @pytest.mark.xfail(
@@ -72,7 +71,7 @@ async def test_the_same_owner_ids_from_several_providers_is_linearizable(
     providers: list[EtcdLeaseProvider],
 ) -> None:
     owners = ["o0", "o1", "o2"]  # used by every provider
-    history = await drive(clients(providers, [owners] * PROVIDERS), time.monotonic() + 6, seed=2)
+    history = await drive(clients(providers, [owners] * PROVIDERS), time.monotonic() + 5, seed=2)
     assert checked(history).ok is True
 
 

@@ -18,7 +18,7 @@ from tests.linearizability.report import explain
 from tests.linearizability.soak import recorded_run
 from tests.test_linearizability_etcd import OWN_OWNERS
 
-SECONDS = 12.0
+SECONDS = 10.0
 
 
 @pytest.mark.xfail(
