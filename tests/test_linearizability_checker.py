@@ -362,3 +362,9 @@ def test_the_search_agrees_with_trying_every_order(seconds: float) -> None:
         verdicts.append(linearizable_by_brute_force(ops))
         assert check(made).ok is verdicts[-1], ops
     assert 20 < verdicts.count(False) < 130  # both kinds were tried
+
+
+def test_a_search_out_of_time_is_undecided_never_passed() -> None:
+    result = check(valid_history(2_000, 4.0, keys=1, tasks=8, seed=1), timeout=0)
+    assert result.ok is None
+    assert "undecided" in explain(result)

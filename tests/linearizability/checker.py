@@ -195,10 +195,6 @@ class CheckResult:
             return False
         return None if None in verdicts else True
 
-    @property
-    def violations(self) -> list[KeyResult]:
-        return [result for result in self.keys if result.ok is False]
-
 
 def by_key(ops: Iterable[Op]) -> dict[str, list[Op]]:
     """Each key's calls; reads without an answer are left out (they change nothing)."""

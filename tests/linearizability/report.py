@@ -43,8 +43,14 @@ def _why_not(op: Op, states: States, timing: Timing, origin: float) -> list[str]
 
 def explain_key(result: KeyResult, timing: Timing, origin: float = 0.0) -> str:
     """Why ``result``'s key is not linearizable (times in s from ``origin``)."""
-    if result.ok is not False:
-        return f"key {result.key!r}: {'linearizable' if result.ok else 'undecided (timed out)'}"
+    if result.ok is None:
+        return (
+            f"key {result.key!r}: undecided, the search ran out of time on its "
+            f"{result.calls} calls (calls without an answer that stay pending long make it "
+            "costly: each may land at any moment)"
+        )
+    if result.ok:
+        return f"key {result.key!r}: linearizable"
     lines = [
         f"key {result.key!r}: NOT linearizable; the longest order places "
         f"{len(result.longest)} of {result.calls} calls.",
@@ -89,5 +95,6 @@ def _makes(op: Op, owner: str) -> bool:
 
 
 def explain(result: CheckResult, origin: float = 0.0) -> str:
-    """Every violation of ``result``, one key after another."""
-    return "\n\n".join(explain_key(key, result.timing, origin) for key in result.violations)
+    """Every key not shown linearizable, one after another."""
+    keys = [key for key in result.keys if key.ok is not True]
+    return "\n\n".join(explain_key(key, result.timing, origin) for key in keys)
