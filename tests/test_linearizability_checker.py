@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from etcd_leases import AcquireResult
-from tests.linearizability.checker import DEFAULT_SLACK, check
+from tests.linearizability.checker import DEFAULT_SLACK, check, check_key
 from tests.linearizability.generate import OWNERS, valid_history
 from tests.linearizability.history import (
     Answer,
@@ -368,3 +368,25 @@ def test_a_search_out_of_time_is_undecided_never_passed() -> None:
     result = check(valid_history(2_000, 4.0, keys=1, tasks=8, seed=1), timeout=0)
     assert result.ok is None
     assert "undecided" in explain(result)
+
+
+def test_a_bound_on_when_unanswered_calls_land_narrows_the_search() -> None:
+    """A lost acquire that can only have landed after o1's release, 5 s later."""
+    made = history(
+        *HELD_BY_O1,
+        (acquire("o2", TTL), 0.5, None, None),
+        (release("o1"), 5.0, 5.1, None),
+        (get_owner(), 6.0, 6.1, "o2"),
+    )
+    timing = Timing(DEFAULT_SLACK)
+    assert check_key("k", made.ops, timing, deadline=time.monotonic() + 10).ok is True
+    bounded = [op if op.answered else replace(op, lands_by=op.start + 3) for op in made.ops]
+    assert check_key("k", bounded, timing, deadline=time.monotonic() + 10).ok is False
+
+
+def test_an_undecided_key_is_checked_again_with_unanswered_calls_landing_soon() -> None:
+    made = valid_history(2_000, 4.0, keys=1, tasks=8, seed=1, lost=0.01)
+    result = check(made, timeout=0)
+    bounded = result.keys[0].bounded
+    assert result.ok is None and bounded is not None
+    assert "If each landed within 10 s of its start, or never:" in explain(result)

@@ -20,11 +20,12 @@ and a violation's printout to the one key that has it.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tests.linearizability.history import History, Op
 from tests.linearizability.model import INITIAL, KeyState, Timing, placed_without_loss, step_all
@@ -61,6 +62,10 @@ class KeyResult:
     longest: tuple[Placed, ...] = ()
     stuck: tuple[Op, ...] = ()
     ops: tuple[Op, ...] = ()  # all the key's calls
+    # When undecided: the verdict if every call without an answer landed within
+    # ``landing_bound`` s of its start, or never (a narrower search, often decided).
+    bounded: KeyResult | None = None
+    landing_bound: float = math.inf
 
 
 class _Node:
@@ -80,7 +85,7 @@ def _events(ops: list[Op]) -> _Node:
     so calls that touch count as concurrent)."""
     returns = [_Node(i, None) for i in range(len(ops))]
     events = [(op.start, 0, i, _Node(i, returns[i])) for i, op in enumerate(ops)]
-    events += [(op.end, 1, i, returns[i]) for i, op in enumerate(ops)]
+    events += [(op.latest, 1, i, returns[i]) for i, op in enumerate(ops)]
     events.sort(key=lambda event: event[:3])
     head = previous = _Node(-1, None)
     for *_, node in events:
@@ -210,22 +215,31 @@ def check(
     slack: float = DEFAULT_SLACK,
     timeout: float = 60.0,
     early: Sequence[tuple[float, float]] = (),
+    landing_bound: float = 10.0,
 ) -> CheckResult:
-    """Check every key of ``history``; keys left when ``timeout`` s have passed are undecided.
+    """Check every key of ``history``; a key not decided in ``timeout`` s is undecided.
 
     A key that fails is checked again allowing tenures to end early within the spans
     ``early`` (etcd bug 15247 after a leader stall): if it passes so, it is counted in
-    :attr:`CheckResult.early`.
+    :attr:`CheckResult.early`. An undecided key is checked again (for ``timeout`` s
+    more) as if its calls without an answer landed within ``landing_bound`` s of their
+    start, or never: that verdict is kept beside it (:attr:`KeyResult.bounded`).
     """
-    deadline = time.monotonic() + timeout
     strict, lenient = Timing(slack), Timing(slack, tuple(early))
     results, early_keys = [], []
     for key, ops in by_key(history.ops).items():
+        deadline = time.monotonic() + timeout
         result = check_key(key, ops, strict, deadline)
         if result.ok is False and early:
             again = check_key(key, ops, lenient, deadline)
             if again.ok is True:
                 result = again
                 early_keys.append(key)
+        if result.ok is None and not all(op.answered for op in ops):
+            bound = [
+                op if op.answered else replace(op, lands_by=op.start + landing_bound) for op in ops
+            ]
+            bounded = check_key(key, bound, strict, time.monotonic() + timeout)
+            result = replace(result, bounded=replace(bounded, landing_bound=landing_bound))
         results.append(result)
     return CheckResult(tuple(results), strict, tuple(early_keys))

@@ -69,10 +69,16 @@ class Op:
     start: float
     end: float
     answer: Answer
+    lands_by: float = math.inf  # without an answer: the latest it may land (a bound tried)
 
     @property
     def answered(self) -> bool:
         return self.end != math.inf
+
+    @property
+    def latest(self) -> float:
+        """The latest moment the call may take effect."""
+        return self.end if self.answered else self.lands_by
 
 
 def show_answer(op: Op) -> str:

@@ -154,11 +154,11 @@ def _learn_token(state: KeyState, token: int | None) -> KeyState | None:
 
 def step(state: KeyState, op: Op, timing: Timing) -> list[KeyState]:
     """The states ``op`` may leave the key in, placed after ``state``; [] if none."""
-    if op.end < state.now:
+    if op.latest < state.now:
         return []
     at = max(state.now, op.start)
     seen = [state._replace(now=at)]
-    expired_at = timing.expiry(state, at, op.end)
+    expired_at = timing.expiry(state, at, op.latest)
     if expired_at is not None:
         seen.append(_free(state, expired_at))
     found: list[KeyState] = []

@@ -44,10 +44,16 @@ def _why_not(op: Op, states: States, timing: Timing, origin: float) -> list[str]
 def explain_key(result: KeyResult, timing: Timing, origin: float = 0.0) -> str:
     """Why ``result``'s key is not linearizable (times in s from ``origin``)."""
     if result.ok is None:
-        return (
+        undecided = (
             f"key {result.key!r}: undecided, the search ran out of time on its "
             f"{result.calls} calls (calls without an answer that stay pending long make it "
             "costly: each may land at any moment)"
+        )
+        if result.bounded is None:
+            return undecided
+        lands = result.bounded.landing_bound
+        return f"{undecided}.\nIf each landed within {lands:g} s of its start, or never:\n" + (
+            explain_key(result.bounded, timing, origin)
         )
     if result.ok:
         return f"key {result.key!r}: linearizable"

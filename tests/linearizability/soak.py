@@ -109,7 +109,7 @@ async def recorded_run(
         _children(cluster, owners, start_at, until, out, call_timeout), inject()
     )
     spans = stall_spans(nemesis.faults) if has_bug_15247(etcd_version(binary)) else []
-    result = check(history, timeout=max(60.0, seconds), early=spans)
+    result = check(history, timeout=30, early=spans)
     return Run(history, nemesis.faults, result, start_at)
 
 
