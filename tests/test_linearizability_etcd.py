@@ -55,18 +55,13 @@ async def test_the_history_of_several_providers_is_linearizable(
     providers: list[EtcdLeaseProvider],
 ) -> None:
     """Each provider's tasks share owner ids; no owner id is used from two providers
-    (that races the shared-owner defect of issue 19 A: see the test below)."""
+    (the test below shares them across providers)."""
     history = await drive(clients(providers, OWN_OWNERS), time.monotonic() + 6, seed=1)
     assert checked(history).ok is True
     outcomes = {f"{op.call.name} {show_answer(op).split(',')[0]}" for op in history.ops}
     assert {"acquire acquired", "acquire refused", "transfer True", "renew True"} <= outcomes
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 19 A: a transfer answers False while a re-acquire or renew with "
-    "another TTL by the same owner id, from another provider, moves the tenure",
-)
 async def test_the_same_owner_ids_from_several_providers_is_linearizable(
     providers: list[EtcdLeaseProvider],
 ) -> None:

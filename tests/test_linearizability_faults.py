@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from etcd_leases.testing import EtcdCluster
 from tests.linearizability.report import explain
 from tests.linearizability.soak import recorded_run
@@ -21,11 +19,6 @@ from tests.test_linearizability_etcd import OWN_OWNERS
 SECONDS = 10.0
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 19 B: after a lost answer, a copy sent again that fails is answered as "
-    "a definite 'no' although the first copy may have landed",
-)
 async def test_histories_under_faults_are_linearizable(
     etcd_cluster: EtcdCluster, etcd_binary: str, tmp_path: Path
 ) -> None:
