@@ -10,6 +10,12 @@ two atomic steps, never a plain release:
 - messages are waiting: the lease is transferred to a follow-up run of this
   process (``transfer_lease``: the thread is never free in between), which reads
   the inbox afresh and handles them.
+
+The hand-off (transfer, then adopting the tenure) is one step a cancel cannot split:
+it runs to its end, and only then is a cancel that came meanwhile let through, by
+ending the follow-up's tenure like any cancelled hold, which gives the thread back.
+A cancel mid-way would otherwise leave the key with a follow-up owner that nothing
+keeps alive or releases, blocking the thread for a whole TTL.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from etcd_leases.errors import LeaseLost
@@ -54,13 +60,13 @@ class ThreadRunner:
         for whoever takes it next), or the handler's own exception (the thread is
         released; its unacknowledged messages are delivered to the next run).
         """
-        tenure: AbstractAsyncContextManager[HeldLease] | None = hold(
-            self.provider, self.key, self.new_owner(), self.ttl_ms
-        )
-        while tenure is not None:
-            async with tenure as lease:
+        # The stack holds the current tenure only: a hand-off swaps it for the next.
+        async with AsyncExitStack() as tenure:
+            first = hold(self.provider, self.key, self.new_owner(), self.ttl_ms)
+            lease: HeldLease | None = await tenure.enter_async_context(first)
+            while lease is not None:
                 await self._run_once(lease)
-                tenure = await self._end(lease)
+                lease = await self._end(lease, tenure)
 
     async def _run_once(self, lease: HeldLease) -> None:
         """The handler, cancelled (``LeaseLost``) the moment the run loses the thread."""
@@ -81,13 +87,27 @@ class ThreadRunner:
             work.result()  # the handler's own exception, if any
         lease.check()  # raises LeaseLost if the handler was cut short by the loss
 
-    async def _end(self, lease: HeldLease) -> AbstractAsyncContextManager[HeldLease] | None:
+    async def _end(self, lease: HeldLease, tenure: AsyncExitStack) -> HeldLease | None:
         """Release the thread if its inbox is empty, else hand it to a follow-up run."""
         inbox = self.provider.inbox
         if await lease.release_with(
             lambda: inbox.release_if_empty(self.key, lease.owner, lease.token, self.thread)
         ):
             return None
+        handing_off = asyncio.ensure_future(self._hand_off(lease, tenure))
+        cancelled = False
+        while not handing_off.done():
+            try:
+                await asyncio.shield(handing_off)
+            except asyncio.CancelledError:
+                cancelled = True
+        follow_up = handing_off.result()
+        if cancelled:  # the exit of ``tenure`` gives the thread back
+            raise asyncio.CancelledError
+        return follow_up
+
+    async def _hand_off(self, lease: HeldLease, tenure: AsyncExitStack) -> HeldLease:
+        """Transfer the thread to a follow-up run and adopt it into ``tenure``."""
         follow_up = self.new_owner()
         try:
             await lease.transfer(follow_up)
@@ -95,4 +115,7 @@ class ThreadRunner:
             _log.warning("thread %r: %s lost it before handing it off", self.thread, lease.owner)
             raise
         _log.info("thread %r: %s handed off to %s", self.thread, lease.owner, follow_up)
-        return adopt(self.provider, self.key, follow_up, self.ttl_ms)
+        await tenure.pop_all().aclose()  # the handed-on tenure: nothing left to release
+        return await tenure.enter_async_context(
+            adopt(self.provider, self.key, follow_up, self.ttl_ms)
+        )
