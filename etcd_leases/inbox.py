@@ -17,6 +17,7 @@ from typing import Protocol, runtime_checkable
 
 from etcd_leases.contract import HoldingProvider, check_key
 from etcd_leases.errors import LeaseError, LeaseTypeError, LeaseValueError
+from etcd_leases.send_ids import SendId
 
 #: The largest payload a message may carry: 1 MiB, well below etcd's default request
 #: limit of 1.5 MiB (``--max-request-bytes``), which also has to fit the message's keys.
@@ -42,13 +43,16 @@ class Message:
     """A message stored in a thread's inbox.
 
     ``seq`` numbers the thread's messages from 1 in the order their sends were
-    acknowledged; ``id`` names the stored message (to acknowledge it).
+    acknowledged; ``id`` names the stored message (to acknowledge it). ``duplicate``
+    is true in the answer to a send whose send id an earlier send already used: that
+    earlier send's message (seq and id; the payload is this send's), nothing stored.
     """
 
     thread: str
     seq: int
     payload: bytes
     id: str
+    duplicate: bool = False
 
     @property
     def text(self) -> str:
@@ -62,6 +66,8 @@ class Inbox(Protocol):
 
     - ``append``: store a message durably (when it returns) at the end of ``thread``'s
       inbox; :class:`InboxFull` if ``max_pending`` messages are already waiting.
+      With a ``send_id`` (:mod:`etcd_leases.send_ids`) already used within its window,
+      nothing is stored: the earlier send's message comes back, ``duplicate`` set.
     - ``pending``: the messages waiting now, in seq order.
     - ``count_pending``: how many messages are waiting now, without reading them.
     - ``watch``: the messages waiting now (one batch, maybe empty), then each batch of
@@ -76,7 +82,9 @@ class Inbox(Protocol):
       every message appended (repeats are possible).
     """
 
-    async def append(self, thread: str, payload: bytes, max_pending: int) -> Message: ...
+    async def append(
+        self, thread: str, payload: bytes, max_pending: int, send_id: SendId | None = None
+    ) -> Message: ...
 
     async def pending(self, thread: str) -> list[Message]: ...
 
@@ -115,7 +123,9 @@ def payload_bytes(payload: object, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
     return data
 
 
-def check_append(thread: object, payload: object, max_pending: object) -> bytes:
+def check_append(
+    thread: object, payload: object, max_pending: object, send_id: object = None
+) -> bytes:
     """The checks of :meth:`Inbox.append`: a thread named like a key, a bounded payload.
 
     Returns the payload as bytes, so that it is encoded once.
@@ -123,6 +133,8 @@ def check_append(thread: object, payload: object, max_pending: object) -> bytes:
     check_key(thread, "thread")
     data = payload_bytes(payload)
     check_max_pending(max_pending)
+    if send_id is not None and not isinstance(send_id, SendId):
+        raise LeaseTypeError(f"send_id must be a SendId, not {type(send_id).__name__}")
     return data
 
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator
 
 from etcd_leases.contract import check_key, check_owner
 from etcd_leases.errors import ProviderClosed
 from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox
 from etcd_leases.memory import MemoryBackend
+from etcd_leases.send_ids import SendId
 
 
 class MemoryInbox:
@@ -26,10 +29,16 @@ class MemoryInbox:
         self._ids = itertools.count(1)
         self._watchers: dict[str, set[asyncio.Queue[list[Message] | None]]] = {}
         self._thread_watchers: set[asyncio.Queue[str | None]] = set()
+        # Per thread, oldest first: send id -> (its message, when it is forgotten).
+        self._send_ids: dict[str, OrderedDict[str, tuple[Message, float]]] = {}
 
-    async def append(self, thread: str, payload: bytes, max_pending: int) -> Message:
-        data = check_append(thread, payload, max_pending)
+    async def append(
+        self, thread: str, payload: bytes, max_pending: int, send_id: SendId | None = None
+    ) -> Message:
+        data = check_append(thread, payload, max_pending, send_id)
         self._backend._check_open()
+        if send_id is not None and (earlier := self._sent_before(thread, send_id)):
+            return Message(thread, earlier.seq, data, earlier.id, duplicate=True)
         waiting = self._messages.setdefault(thread, {})
         if len(waiting) >= max_pending:
             raise InboxFull(thread, max_pending)
@@ -37,11 +46,25 @@ class MemoryInbox:
         self._last_seq[thread] = seq
         message = Message(thread, seq, data, f"{thread}#{next(self._ids)}")
         waiting[seq] = message
+        if send_id is not None:
+            ids = self._send_ids.setdefault(thread, OrderedDict())
+            ids[send_id.id] = message, time.monotonic() + send_id.window_s
+            while len(ids) > send_id.max_per_thread:
+                ids.popitem(last=False)
         for queue in self._watchers.get(thread, ()):
             queue.put_nowait([message])
         for threads in self._thread_watchers:
             threads.put_nowait(thread)
         return message
+
+    def _sent_before(self, thread: str, send_id: SendId) -> Message | None:
+        """The message of an earlier send with this id, if it is still remembered."""
+        ids = self._send_ids.get(thread, OrderedDict())
+        now = time.monotonic()
+        while ids and next(iter(ids.values()))[1] <= now:
+            ids.popitem(last=False)
+        earlier = ids.get(send_id.id)
+        return earlier[0] if earlier and earlier[1] > now else None
 
     async def pending(self, thread: str) -> list[Message]:
         check_key(thread, "thread")

@@ -2,8 +2,10 @@
 
 Under the inbox root, beside the lease prefix (``/etcd-leases.inbox/``)::
 
-    seq/<thread>                          "<last seq> <nonce of its send>"
+    seq/<thread>                          "<last seq> <nonce of its send> <send ids used>"
     msg/<thread>/<seq, 20 digits>.<nonce> one message; its value is the payload
+    ids/<thread>/<send id>                "<seq> <number> <message key>": a tombstone
+    idn/<thread>/<number, 20 digits>      the send id of the thread's number-th tombstone
 
 where ``<thread>`` is the thread's UTF-8 bytes after their length (``0009/chat:42\\0x``),
 so one thread's keys never fall in another's range, whatever bytes names contain, and
@@ -54,6 +56,12 @@ class InboxKeys:
 
     def message(self, thread: str, seq: int, nonce: str) -> bytes:
         return self.messages(thread) + b"%0*d.%s" % (SEQ_DIGITS, seq, nonce.encode())
+
+    def send_id(self, thread: str, send_id: str) -> bytes:
+        return self.root + b"ids/" + self._name(thread) + b"/" + send_id.encode("utf-8")
+
+    def send_id_number(self, thread: str, number: int) -> bytes:
+        return self.root + b"idn/" + self._name(thread) + b"/%0*d" % (SEQ_DIGITS, number)
 
     def is_message(self, thread: str, key: bytes) -> bool:
         """Whether ``key`` names one of ``thread``'s messages."""

@@ -96,9 +96,17 @@ class Threads:
     def key(self, thread: str) -> str:
         return self.aio.key(thread)
 
-    def send(self, thread: str, payload: str | bytes, *, run: bool = False) -> Message:
+    def send(
+        self,
+        thread: str,
+        payload: str | bytes,
+        *,
+        run: bool = False,
+        send_id: str | None = None,
+    ) -> Message:
         """Blocking :meth:`etcd_leases.threads.Threads.send`."""
-        return self._portal.call(functools.partial(self.aio.send, thread, payload, run=run))
+        send = functools.partial(self.aio.send, thread, payload, run=run, send_id=send_id)
+        return self._portal.call(send)
 
     def run(self, thread: str) -> bool:
         """Blocking :meth:`etcd_leases.threads.Threads.run`."""

@@ -36,6 +36,12 @@ from etcd_leases.inbox import (
     check_max_pending,
     payload_bytes,
 )
+from etcd_leases.send_ids import (
+    DEFAULT_MAX_PER_THREAD,
+    DEFAULT_WINDOW_S,
+    SendId,
+    check_send_id_limits,
+)
 from etcd_leases.threads.run import Handler, ThreadRunner
 
 _log = logging.getLogger("etcd_leases.threads")
@@ -63,6 +69,8 @@ class Threads:
         max_pending: int = DEFAULT_MAX_PENDING,
         max_payload_bytes: int = MAX_PAYLOAD_BYTES,
         namespace: str = "thread/",
+        send_id_window_s: float = DEFAULT_WINDOW_S,
+        max_send_ids: int = DEFAULT_MAX_PER_THREAD,
     ) -> None:
         if not isinstance(provider, InboxProvider):
             raise LeaseTypeError(
@@ -77,6 +85,7 @@ class Threads:
             raise LeaseValueError(f"linger must be a number of seconds >= 0, got {linger!r}")
         if not 0 < max_payload_bytes <= MAX_PAYLOAD_BYTES:
             raise LeaseValueError(f"max_payload_bytes must be in 1 ..= {MAX_PAYLOAD_BYTES}")
+        check_send_id_limits(send_id_window_s, max_send_ids)
         if not isinstance(namespace, str):
             raise LeaseTypeError(f"namespace must be a str, not {type(namespace).__name__}")
         self.provider = provider
@@ -87,6 +96,8 @@ class Threads:
         self.max_pending = max_pending
         self.max_payload_bytes = max_payload_bytes
         self.namespace = namespace
+        self.send_id_window_s = send_id_window_s
+        self.max_send_ids = max_send_ids
         # Owners are unique per run, even across restarts of a worker of the same name:
         # a run that was frozen must never pass for a later one.
         self._runs = (f"{worker}/{secrets.token_hex(3)}-{n}" for n in itertools.count(1))
@@ -100,17 +111,33 @@ class Threads:
         check_key(key, "namespace + thread")
         return key
 
-    async def send(self, thread: str, payload: str | bytes, *, run: bool = False) -> Message:
+    async def send(
+        self,
+        thread: str,
+        payload: str | bytes,
+        *,
+        run: bool = False,
+        send_id: str | None = None,
+    ) -> Message:
         """Store ``payload`` at the end of ``thread``'s inbox; durable when this returns.
 
         The thread's current run receives it by watch; if no run holds the thread,
         ``run=True`` runs it here, in this call (the serverless case), else a serving
         worker (or the next ``send(run=True)``) does. Raises ``InboxFull`` when
         ``max_pending`` messages are waiting, ``ValueError`` for an oversized payload.
+
+        ``send_id`` (chosen by the caller, say a request id) makes the send
+        idempotent: another send to ``thread`` with the same id, within
+        ``send_id_window_s`` and among its last ``max_send_ids`` ids, stores nothing
+        and returns the first send's message with ``duplicate`` set, even once that
+        message has been handled.
         """
         self.key(thread)  # refuse a thread name that makes no lease key, before writing
         data = payload_bytes(payload, self.max_payload_bytes)
-        message = await self.provider.inbox.append(thread, data, self.max_pending)
+        once = None
+        if send_id is not None:
+            once = SendId(send_id, self.send_id_window_s, self.max_send_ids)
+        message = await self.provider.inbox.append(thread, data, self.max_pending, once)
         if run:
             await self.run(thread)
         return message
