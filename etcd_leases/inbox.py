@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from etcd_leases.contract import HoldingProvider, check_key
+from etcd_leases.dead_letters import DeadLetter
 from etcd_leases.errors import LeaseError, LeaseTypeError, LeaseValueError
 from etcd_leases.send_ids import SendId
 
@@ -53,6 +54,8 @@ class Message:
     payload: bytes
     id: str
     duplicate: bool = False
+    #: Which delivery this is, when it is first in line in its run (1, 2, ...).
+    attempt: int = 1
 
     @property
     def text(self) -> str:
@@ -80,6 +83,14 @@ class Inbox(Protocol):
       (nothing changed) otherwise.
     - ``watch_threads``: each thread with messages waiting now, then the thread of
       every message appended (repeats are possible).
+    - ``deliver``: count one more delivery of ``message`` (a run starting with it
+      first in line), fenced like ``ack``; the count so far, kept until the message
+      is acknowledged or dead-lettered, whoever runs the thread; 0 when the tenure no
+      longer holds the key.
+    - ``dead_letter``: move ``message`` to its thread's dead letters, fenced like
+      ``ack``; ``False`` when the tenure no longer holds the key.
+    - ``dead_letters``: the thread's dead letters, in seq order.
+    - ``drop_dead_letter``: delete one; whether it was there.
     """
 
     async def append(
@@ -97,6 +108,16 @@ class Inbox(Protocol):
     async def release_if_empty(self, key: str, owner: str, token: int, thread: str) -> bool: ...
 
     def watch_threads(self) -> AsyncGenerator[str, None]: ...
+
+    async def deliver(self, key: str, owner: str, token: int, message: Message) -> int: ...
+
+    async def dead_letter(
+        self, key: str, owner: str, token: int, message: Message, attempts: int
+    ) -> bool: ...
+
+    async def dead_letters(self, thread: str) -> list[DeadLetter]: ...
+
+    async def drop_dead_letter(self, letter: DeadLetter) -> bool: ...
 
 
 @runtime_checkable

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator
 
 from etcd_leases.contract import check_key, check_owner
+from etcd_leases.dead_letters import DeadLetter
 from etcd_leases.errors import ProviderClosed
 from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox
 from etcd_leases.memory import MemoryBackend
@@ -31,6 +32,8 @@ class MemoryInbox:
         self._thread_watchers: set[asyncio.Queue[str | None]] = set()
         # Per thread, oldest first: send id -> (its message, when it is forgotten).
         self._send_ids: dict[str, OrderedDict[str, tuple[Message, float]]] = {}
+        self._deliveries: dict[str, int] = {}  # message id -> deliveries counted
+        self._dead: dict[str, dict[str, DeadLetter]] = {}
 
     async def append(
         self, thread: str, payload: bytes, max_pending: int, send_id: SendId | None = None
@@ -90,6 +93,21 @@ class MemoryInbox:
             self._watchers[thread].discard(queue)
 
     async def ack(self, key: str, owner: str, token: int, message: Message) -> bool:
+        self._check_fenced(key, owner, message)
+        if not self._backend._holds(key, owner, token):
+            return False
+        self._remove(message)
+        return True
+
+    def _remove(self, message: Message) -> bool:
+        waiting = self._messages.get(message.thread, {})
+        self._deliveries.pop(message.id, None)
+        if message.seq in waiting and waiting[message.seq].id == message.id:
+            del waiting[message.seq]
+            return True
+        return False
+
+    def _check_fenced(self, key: str, owner: str, message: Message) -> None:
         check_key(key)
         check_owner(owner)
         check_key(message.thread, "thread")
@@ -97,12 +115,35 @@ class MemoryInbox:
         if thread != message.thread or not sign or not number.isdigit():
             raise not_in_inbox(message)
         self._backend._check_open()
+
+    async def deliver(self, key: str, owner: str, token: int, message: Message) -> int:
+        self._check_fenced(key, owner, message)
+        if not self._backend._holds(key, owner, token):
+            return 0
+        count = self._deliveries.get(message.id, 0) + 1
+        self._deliveries[message.id] = count
+        return count
+
+    async def dead_letter(
+        self, key: str, owner: str, token: int, message: Message, attempts: int
+    ) -> bool:
+        self._check_fenced(key, owner, message)
         if not self._backend._holds(key, owner, token):
             return False
-        waiting = self._messages.get(message.thread, {})
-        if message.seq in waiting and waiting[message.seq].id == message.id:
-            del waiting[message.seq]
+        if self._remove(message):
+            letter = DeadLetter(message.thread, message.seq, message.payload, message.id, attempts)
+            self._dead.setdefault(message.thread, {})[message.id] = letter
         return True
+
+    async def dead_letters(self, thread: str) -> list[DeadLetter]:
+        check_key(thread, "thread")
+        self._backend._check_open()
+        return sorted(self._dead.get(thread, {}).values(), key=lambda letter: letter.seq)
+
+    async def drop_dead_letter(self, letter: DeadLetter) -> bool:
+        check_key(letter.thread, "thread")
+        self._backend._check_open()
+        return self._dead.get(letter.thread, {}).pop(letter.id, None) is not None
 
     async def release_if_empty(self, key: str, owner: str, token: int, thread: str) -> bool:
         check_key(key)

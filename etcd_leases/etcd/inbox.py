@@ -33,7 +33,9 @@ import secrets
 from collections.abc import AsyncGenerator
 
 from etcd_leases.contract import check_key, check_owner
+from etcd_leases.dead_letters import DeadLetter
 from etcd_leases.errors import BackendUnavailable
+from etcd_leases.etcd.dead_letters import EtcdDeadLetters
 from etcd_leases.etcd.inbox_keys import InboxKeys, id_of, key_of
 from etcd_leases.etcd.provider import EtcdBackend
 from etcd_leases.etcd.send_ids import Tombstone, TombstoneLeases, evictions
@@ -92,6 +94,7 @@ class EtcdInbox:
         self._client = backend.client
         self._queues: dict[str, _SendQueue] = {}
         self._tombstone_leases = TombstoneLeases(backend.client)
+        self._dead = EtcdDeadLetters(backend, self.keys)
 
     def _message(self, thread: str, kv: pb.KeyValue) -> Message:
         return Message(thread, self.keys.seq_of(thread, kv.key), kv.value, id_of(kv.key))
@@ -207,8 +210,37 @@ class EtcdInbox:
         lease_key = self._backend.etcd_key(key)
         txn = Txn.when(mod_revision_is(lease_key, token), value_is(lease_key, owner.encode()))
         # Deleting an absent key succeeds, so a lost answer can be settled by asking again.
-        response, _ = await self._backend._send_copies(txn.then(delete(message_key)))
+        counter = self.keys.delivery(message.thread, message.seq)
+        response, _ = await self._backend._send_copies(
+            txn.then(delete(message_key), delete(counter))
+        )
         return response.succeeded
+
+    async def deliver(self, key: str, owner: str, token: int, message: Message) -> int:
+        check_key(key)
+        check_owner(owner)
+        self._key_of(message)
+        self._client.check_open()
+        return await self._dead.deliver(key, owner, token, message)
+
+    async def dead_letter(
+        self, key: str, owner: str, token: int, message: Message, attempts: int
+    ) -> bool:
+        check_key(key)
+        check_owner(owner)
+        message_key = self._key_of(message)
+        self._client.check_open()
+        return await self._dead.dead_letter(key, owner, token, message, message_key, attempts)
+
+    async def dead_letters(self, thread: str) -> list[DeadLetter]:
+        check_key(thread, "thread")
+        self._client.check_open()
+        return await self._dead.list(thread)
+
+    async def drop_dead_letter(self, letter: DeadLetter) -> bool:
+        check_key(letter.thread, "thread")
+        self._client.check_open()
+        return await self._dead.drop(letter)
 
     def _key_of(self, message: Message) -> bytes:
         """The etcd key of ``message``: never anything but one of its thread's messages."""

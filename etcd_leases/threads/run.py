@@ -21,15 +21,18 @@ keeps alive or releases, blocking the thread for a whole TTL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from etcd_leases.errors import LeaseLost
 from etcd_leases.hold import HeldLease, adopt, hold
 from etcd_leases.inbox import InboxProvider
 from etcd_leases.threads.messages import ThreadMessages
+from etcd_leases.threads.retries import Retries
 
 _log = logging.getLogger("etcd_leases.threads")
 
@@ -52,6 +55,7 @@ class ThreadRunner:
     new_owner: Callable[[], str]
     ttl_ms: int
     linger: float
+    retries: Retries
 
     async def run(self) -> None:
         """Take the thread (``LeaseHeld`` if someone holds it) and run it until released.
@@ -69,15 +73,27 @@ class ThreadRunner:
                 lease = await self._end(lease, tenure)
 
     async def _run_once(self, lease: HeldLease) -> None:
-        """The handler, cancelled (``LeaseLost``) the moment the run loses the thread."""
+        """The handler, cancelled (``LeaseLost``) the moment the run loses the thread,
+        or once it has run ``run_deadline_s``."""
         messages = ThreadMessages(self.provider.inbox, lease, self.thread, self.linger)
-        if not await messages.any_waiting():  # the handler only runs for messages
+        try:
+            deliver = await self._first_delivery(lease, messages)
+        except BaseException:
+            await messages.close()
+            raise
+        if not deliver:  # the handler only runs for messages
             await messages.close()
             return
         work = asyncio.ensure_future(self.handler(self.thread, lease, messages))
         lost = asyncio.ensure_future(lease.lost.wait())
         try:
-            await asyncio.wait((work, lost), return_when=asyncio.FIRST_COMPLETED)
+            deadline = self.retries.run_deadline_s
+            await asyncio.wait((work, lost), timeout=deadline, return_when=FIRST_COMPLETED)
+            if not work.done() and not lost.done():
+                _log.warning(
+                    "thread %r: the handler of %s ran past its %g s deadline: cancelled",
+                    *(self.thread, lease.owner, deadline),
+                )
         finally:
             for task in (work, lost):
                 task.cancel()
@@ -85,7 +101,33 @@ class ThreadRunner:
             await asyncio.gather(work, lost, return_exceptions=True)
         if not work.cancelled():
             work.result()  # the handler's own exception, if any
-        lease.check()  # raises LeaseLost if the handler was cut short by the loss
+        lease.check()
+
+    async def _first_delivery(self, lease: HeldLease, messages: ThreadMessages) -> bool:
+        """Count the delivery of the message first in line, back off before a retry,
+        and dead-letter it past ``max_attempts``; whether a message is left to deliver."""
+        inbox = self.provider.inbox
+        while (first := await messages.first()) is not None:
+            attempt = await inbox.deliver(lease.key, lease.owner, lease.token, first)
+            if not attempt:
+                raise LeaseLost(f"{lease.owner!r} lost {self.thread!r} before delivering")
+            if attempt <= self.retries.max_attempts:
+                messages.replace_first(replace(first, attempt=attempt))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.retries.backoff(attempt)):
+                        await lease.lost.wait()
+                lease.check()
+                return True
+            failed = attempt - 1
+            if not await inbox.dead_letter(lease.key, lease.owner, lease.token, first, failed):
+                raise LeaseLost(f"{lease.owner!r} lost {self.thread!r} before dead-lettering")
+            _log.warning(
+                "thread %r: message %d was delivered %d times, never acknowledged: "
+                "moved to the dead letters",
+                *(self.thread, first.seq, failed),
+            )
+            messages.replace_first(None)
+        return False  # raises LeaseLost if the handler was cut short by the loss
 
     async def _end(self, lease: HeldLease, tenure: AsyncExitStack) -> HeldLease | None:
         """Release the thread if its inbox is empty, else hand it to a follow-up run."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import logging
 import os
@@ -20,6 +21,7 @@ import secrets
 import socket
 
 from etcd_leases.contract import check_key, check_owner, check_ttl_ms
+from etcd_leases.dead_letters import DeadLetter
 from etcd_leases.errors import (
     LeaseError,
     LeaseHeld,
@@ -42,6 +44,7 @@ from etcd_leases.send_ids import (
     SendId,
     check_send_id_limits,
 )
+from etcd_leases.threads.retries import Retries
 from etcd_leases.threads.run import Handler, ThreadRunner
 
 _log = logging.getLogger("etcd_leases.threads")
@@ -56,6 +59,11 @@ class Threads:
     ``messages`` (see :class:`~etcd_leases.threads.ThreadMessages`) and acknowledges
     each with ``await messages.ack(message)``; ``lease.token`` fences anything else
     it writes. The lease key of ``thread`` is ``namespace + thread``.
+
+    A message not acknowledged is delivered again (see
+    :mod:`etcd_leases.threads.retries`): after ``backoff_s`` (doubling up to
+    ``max_backoff_s``), at most ``max_attempts`` times, then it goes to the thread's
+    dead letters. ``run_deadline_s`` cancels a handler that runs longer.
     """
 
     def __init__(
@@ -71,6 +79,10 @@ class Threads:
         namespace: str = "thread/",
         send_id_window_s: float = DEFAULT_WINDOW_S,
         max_send_ids: int = DEFAULT_MAX_PER_THREAD,
+        max_attempts: int = 5,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 30.0,
+        run_deadline_s: float | None = None,
     ) -> None:
         if not isinstance(provider, InboxProvider):
             raise LeaseTypeError(
@@ -86,6 +98,7 @@ class Threads:
         if not 0 < max_payload_bytes <= MAX_PAYLOAD_BYTES:
             raise LeaseValueError(f"max_payload_bytes must be in 1 ..= {MAX_PAYLOAD_BYTES}")
         check_send_id_limits(send_id_window_s, max_send_ids)
+        self.retries = Retries(max_attempts, backoff_s, max_backoff_s, run_deadline_s)
         if not isinstance(namespace, str):
             raise LeaseTypeError(f"namespace must be a str, not {type(namespace).__name__}")
         self.provider = provider
@@ -157,12 +170,34 @@ class Threads:
             lambda: next(self._runs),
             self.ttl_ms,
             self.linger,
+            self.retries,
         )
         try:
             await runner.run()
         except LeaseHeld:
             return False
         return True
+
+    async def dead_letters(self, thread: str) -> list[DeadLetter]:
+        """``thread``'s messages that failed ``max_attempts`` deliveries, in seq order."""
+        return await self.provider.inbox.dead_letters(thread)
+
+    async def retry_dead_letter(self, letter: DeadLetter, *, run: bool = False) -> Message:
+        """Send ``letter`` again, at the end of its thread's inbox, and drop it.
+
+        Safe to repeat (say, after a crash in between): the send carries an id of the
+        letter, so it is stored once within ``send_id_window_s``.
+        """
+        once = "retry:" + hashlib.sha256(letter.id.encode("utf-8", "surrogateescape")).hexdigest()
+        message = await self.send(letter.thread, letter.payload, send_id=once)
+        await self.provider.inbox.drop_dead_letter(letter)
+        if run:
+            await self.run(letter.thread)
+        return message
+
+    async def drop_dead_letter(self, letter: DeadLetter) -> bool:
+        """Delete ``letter`` for good; whether it was there."""
+        return await self.provider.inbox.drop_dead_letter(letter)
 
     async def serve(self, stop: asyncio.Event | None = None) -> None:
         """Run every thread that has messages waiting and no live owner, until ``stop``.
