@@ -113,10 +113,29 @@ async def retrier(endpoints: str, prefix: str, name: str, path: str, count: str)
         log.write("done")
 
 
+async def crasher(endpoints: str, prefix: str, name: str, path: str) -> None:
+    """A worker whose process dies (``os._exit``) on the message ``crash``."""
+    log = Log(path, name)
+
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        async for message in messages:
+            log.write("handled", thread=thread, payload=message.text, attempt=message.attempt)
+            if message.text == "crash":
+                os._exit(1)
+            await messages.ack(message)
+            log.write("acked", thread=thread, payload=message.text)
+
+    async with EtcdLeaseProvider(endpoints, prefix=prefix) as provider:
+        threads = Threads(provider, handle, worker=name, ttl_ms=TTL_MS, max_attempts=3)
+        log.write("ready")
+        await threads.serve()
+
+
 ROLES: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
     "worker": worker,
     "serverless": serverless,
     "retrier": retrier,
+    "crasher": crasher,
 }
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The ``etcd-leases`` command: the lease contract, inspection and supervision from a shell.
 
 One module per group of commands (:mod:`contract`, :mod:`listing`, :mod:`run`,
-:mod:`elect`, :mod:`server`, :mod:`demo`); :mod:`options` holds the connection
+:mod:`elect`, :mod:`server`, :mod:`demo`, :mod:`dead_letters`); :mod:`options` holds the connection
 flags, :mod:`output` the text and ``--json`` output, :mod:`exits` the exit codes.
 """
 
@@ -16,7 +16,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from etcd_leases.cli import contract, demo, elect, exits, listing, run, server
+from etcd_leases.cli import contract, dead_letters, demo, elect, exits, listing, run, server
 from etcd_leases.cli.options import Commands, shared_flags
 from etcd_leases.cli.output import Output
 from etcd_leases.cli.supervise import split_command
@@ -37,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
     )
     top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = top.add_subparsers(metavar="COMMAND", required=True)
-    for group in (contract, listing, run, elect, server, demo):
+    for group in (contract, listing, run, elect, server, demo, dead_letters):
         group.add_commands(Commands(commands, shared_flags(in_command=True)))
     return top
 
