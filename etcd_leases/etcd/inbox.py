@@ -22,7 +22,8 @@ finds the thread free.
 compares the same ``seq`` revision, so the copies commit at most once, and the nonce
 in the message key (and in the ``seq`` value) tells whether one of ours did; where
 neither can tell any more, the send raises BackendUnavailable rather than risk a
-second copy.
+second copy. A send with a send id always can: the tombstone its txn wrote names
+its message (:mod:`etcd_leases.etcd.send_ids`).
 """
 
 from __future__ import annotations

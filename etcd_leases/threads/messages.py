@@ -47,11 +47,6 @@ class ThreadMessages:
         self._started.set()
         self._arrived.set()
 
-    async def any_waiting(self) -> bool:
-        """Whether anything was waiting when the run started (or has arrived since)."""
-        await self._started.wait()
-        return bool(self._waiting)
-
     async def first(self) -> Message | None:
         """The message first in line, before the handler starts (``None``: none)."""
         await self._started.wait()

@@ -101,7 +101,7 @@ class ThreadRunner:
             await asyncio.gather(work, lost, return_exceptions=True)
         if not work.cancelled():
             work.result()  # the handler's own exception, if any
-        lease.check()
+        lease.check()  # raises LeaseLost if the handler was cut short by the loss
 
     async def _first_delivery(self, lease: HeldLease, messages: ThreadMessages) -> bool:
         """Count the delivery of the message first in line, back off before a retry,
@@ -127,7 +127,7 @@ class ThreadRunner:
                 *(self.thread, first.seq, failed),
             )
             messages.replace_first(None)
-        return False  # raises LeaseLost if the handler was cut short by the loss
+        return False
 
     async def _end(self, lease: HeldLease, tenure: AsyncExitStack) -> HeldLease | None:
         """Release the thread if its inbox is empty, else hand it to a follow-up run."""
