@@ -111,3 +111,19 @@ async def test_a_hung_handler_is_cancelled_at_the_run_deadline(live: Live) -> No
 async def test_retry_options_are_checked(live: Live, options: dict[str, float]) -> None:
     with pytest.raises(LeaseValueError):
         Threads(live.provider, Poisoned(), **options)  # type: ignore[arg-type]
+
+
+async def test_without_max_attempts_deliveries_are_not_counted(live: Live) -> None:
+    handler = Poisoned()
+    threads = Threads(live.provider, handler, ttl_ms=5000, max_attempts=None)
+    await threads.send("t", "poison")
+    running = asyncio.create_task(threads.run("t"))
+    for _ in range(3000):  # redelivered for ever, each time as a first delivery
+        if len(handler.seen) >= 10:
+            break
+        await asyncio.sleep(0.01)
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    assert set(handler.attempts("poison")) == {1}
+    assert await threads.dead_letters("t") == []
+    assert len(await live.provider.inbox.pending("t")) == 1

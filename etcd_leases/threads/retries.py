@@ -17,17 +17,19 @@ from etcd_leases.errors import LeaseValueError
 
 @dataclass(frozen=True)
 class Retries:
-    """``max_attempts`` deliveries, ``backoff_s`` before the second, doubling up to
-    ``max_backoff_s``; a handler still running ``run_deadline_s`` after its run
+    """``max_attempts`` deliveries (``None``: deliveries are neither counted nor
+    limited, saving a write per run), ``backoff_s`` before the second, doubling up
+    to ``max_backoff_s``; a handler still running ``run_deadline_s`` after its run
     started is cancelled (``None``: never)."""
 
-    max_attempts: int = 5
+    max_attempts: int | None = 5
     backoff_s: float = 0.1
     max_backoff_s: float = 30.0
     run_deadline_s: float | None = None
 
     def __post_init__(self) -> None:
-        check_max_attempts(self.max_attempts)
+        if self.max_attempts is not None:
+            check_max_attempts(self.max_attempts)
         if not 0 <= self.backoff_s <= self.max_backoff_s < float("inf"):
             raise LeaseValueError("backoff must satisfy 0 <= backoff_s <= max_backoff_s")
         if self.run_deadline_s is not None and not 0 < self.run_deadline_s < float("inf"):

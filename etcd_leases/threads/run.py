@@ -106,12 +106,14 @@ class ThreadRunner:
     async def _first_delivery(self, lease: HeldLease, messages: ThreadMessages) -> bool:
         """Count the delivery of the message first in line, back off before a retry,
         and dead-letter it past ``max_attempts``; whether a message is left to deliver."""
-        inbox = self.provider.inbox
+        inbox, limit = self.provider.inbox, self.retries.max_attempts
         while (first := await messages.first()) is not None:
+            if limit is None:
+                return True
             attempt = await inbox.deliver(lease.key, lease.owner, lease.token, first)
             if not attempt:
                 raise LeaseLost(f"{lease.owner!r} lost {self.thread!r} before delivering")
-            if attempt <= self.retries.max_attempts:
+            if attempt <= limit:
                 messages.replace_first(replace(first, attempt=attempt))
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.retries.backoff(attempt)):

@@ -63,7 +63,8 @@ class Threads:
     A message not acknowledged is delivered again (see
     :mod:`etcd_leases.threads.retries`): after ``backoff_s`` (doubling up to
     ``max_backoff_s``), at most ``max_attempts`` times, then it goes to the thread's
-    dead letters. ``run_deadline_s`` cancels a handler that runs longer.
+    dead letters (``max_attempts=None``: retried for ever, uncounted).
+    ``run_deadline_s`` cancels a handler that runs longer.
     """
 
     def __init__(
@@ -79,7 +80,7 @@ class Threads:
         namespace: str = "thread/",
         send_id_window_s: float = DEFAULT_WINDOW_S,
         max_send_ids: int = DEFAULT_MAX_PER_THREAD,
-        max_attempts: int = 5,
+        max_attempts: int | None = 5,
         backoff_s: float = 0.1,
         max_backoff_s: float = 30.0,
         run_deadline_s: float | None = None,
