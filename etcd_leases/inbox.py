@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from etcd_leases.contract import HoldingProvider, check_key
+from etcd_leases.dead_letters import DeadLetter
 from etcd_leases.errors import LeaseError, LeaseTypeError, LeaseValueError
+from etcd_leases.send_ids import SendId
 
 #: The largest payload a message may carry: 1 MiB, well below etcd's default request
 #: limit of 1.5 MiB (``--max-request-bytes``), which also has to fit the message's keys.
@@ -42,13 +44,18 @@ class Message:
     """A message stored in a thread's inbox.
 
     ``seq`` numbers the thread's messages from 1 in the order their sends were
-    acknowledged; ``id`` names the stored message (to acknowledge it).
+    acknowledged; ``id`` names the stored message (to acknowledge it). ``duplicate``
+    is true in the answer to a send whose send id an earlier send already used: that
+    earlier send's message (seq and id; the payload is this send's), nothing stored.
     """
 
     thread: str
     seq: int
     payload: bytes
     id: str
+    duplicate: bool = False
+    #: Which delivery this is, when it is first in line in its run (1, 2, ...).
+    attempt: int = 1
 
     @property
     def text(self) -> str:
@@ -62,6 +69,8 @@ class Inbox(Protocol):
 
     - ``append``: store a message durably (when it returns) at the end of ``thread``'s
       inbox; :class:`InboxFull` if ``max_pending`` messages are already waiting.
+      With a ``send_id`` (:mod:`etcd_leases.send_ids`) already used within its window,
+      nothing is stored: the earlier send's message comes back, ``duplicate`` set.
     - ``pending``: the messages waiting now, in seq order.
     - ``count_pending``: how many messages are waiting now, without reading them.
     - ``watch``: the messages waiting now (one batch, maybe empty), then each batch of
@@ -74,9 +83,19 @@ class Inbox(Protocol):
       (nothing changed) otherwise.
     - ``watch_threads``: each thread with messages waiting now, then the thread of
       every message appended (repeats are possible).
+    - ``deliver``: count one more delivery of ``message`` (a run starting with it
+      first in line), fenced like ``ack``; the count so far, kept until the message
+      is acknowledged or dead-lettered, whoever runs the thread; 0 when the tenure no
+      longer holds the key.
+    - ``dead_letter``: move ``message`` to its thread's dead letters, fenced like
+      ``ack``; ``False`` when the tenure no longer holds the key.
+    - ``dead_letters``: the thread's dead letters, in seq order.
+    - ``drop_dead_letter``: delete one; whether it was there.
     """
 
-    async def append(self, thread: str, payload: bytes, max_pending: int) -> Message: ...
+    async def append(
+        self, thread: str, payload: bytes, max_pending: int, send_id: SendId | None = None
+    ) -> Message: ...
 
     async def pending(self, thread: str) -> list[Message]: ...
 
@@ -89,6 +108,16 @@ class Inbox(Protocol):
     async def release_if_empty(self, key: str, owner: str, token: int, thread: str) -> bool: ...
 
     def watch_threads(self) -> AsyncGenerator[str, None]: ...
+
+    async def deliver(self, key: str, owner: str, token: int, message: Message) -> int: ...
+
+    async def dead_letter(
+        self, key: str, owner: str, token: int, message: Message, attempts: int
+    ) -> bool: ...
+
+    async def dead_letters(self, thread: str) -> list[DeadLetter]: ...
+
+    async def drop_dead_letter(self, letter: DeadLetter) -> bool: ...
 
 
 @runtime_checkable
@@ -115,7 +144,9 @@ def payload_bytes(payload: object, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
     return data
 
 
-def check_append(thread: object, payload: object, max_pending: object) -> bytes:
+def check_append(
+    thread: object, payload: object, max_pending: object, send_id: object = None
+) -> bytes:
     """The checks of :meth:`Inbox.append`: a thread named like a key, a bounded payload.
 
     Returns the payload as bytes, so that it is encoded once.
@@ -123,6 +154,8 @@ def check_append(thread: object, payload: object, max_pending: object) -> bytes:
     check_key(thread, "thread")
     data = payload_bytes(payload)
     check_max_pending(max_pending)
+    if send_id is not None and not isinstance(send_id, SendId):
+        raise LeaseTypeError(f"send_id must be a SendId, not {type(send_id).__name__}")
     return data
 
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator
 
 from etcd_leases.contract import check_key, check_owner
+from etcd_leases.dead_letters import DeadLetter
 from etcd_leases.errors import ProviderClosed
 from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox
 from etcd_leases.memory import MemoryBackend
+from etcd_leases.send_ids import SendId
 
 
 class MemoryInbox:
@@ -26,10 +30,18 @@ class MemoryInbox:
         self._ids = itertools.count(1)
         self._watchers: dict[str, set[asyncio.Queue[list[Message] | None]]] = {}
         self._thread_watchers: set[asyncio.Queue[str | None]] = set()
+        # Per thread, oldest first: send id -> (its message, when it is forgotten).
+        self._send_ids: dict[str, OrderedDict[str, tuple[Message, float]]] = {}
+        self._deliveries: dict[str, int] = {}  # message id -> deliveries counted
+        self._dead: dict[str, dict[str, DeadLetter]] = {}
 
-    async def append(self, thread: str, payload: bytes, max_pending: int) -> Message:
-        data = check_append(thread, payload, max_pending)
+    async def append(
+        self, thread: str, payload: bytes, max_pending: int, send_id: SendId | None = None
+    ) -> Message:
+        data = check_append(thread, payload, max_pending, send_id)
         self._backend._check_open()
+        if send_id is not None and (earlier := self._sent_before(thread, send_id)):
+            return Message(thread, earlier.seq, data, earlier.id, duplicate=True)
         waiting = self._messages.setdefault(thread, {})
         if len(waiting) >= max_pending:
             raise InboxFull(thread, max_pending)
@@ -37,11 +49,25 @@ class MemoryInbox:
         self._last_seq[thread] = seq
         message = Message(thread, seq, data, f"{thread}#{next(self._ids)}")
         waiting[seq] = message
+        if send_id is not None:
+            ids = self._send_ids.setdefault(thread, OrderedDict())
+            ids[send_id.id] = message, time.monotonic() + send_id.window_s
+            while len(ids) > send_id.max_per_thread:
+                ids.popitem(last=False)
         for queue in self._watchers.get(thread, ()):
             queue.put_nowait([message])
         for threads in self._thread_watchers:
             threads.put_nowait(thread)
         return message
+
+    def _sent_before(self, thread: str, send_id: SendId) -> Message | None:
+        """The message of an earlier send with this id, if it is still remembered."""
+        ids = self._send_ids.get(thread, OrderedDict())
+        now = time.monotonic()
+        while ids and next(iter(ids.values()))[1] <= now:
+            ids.popitem(last=False)
+        earlier = ids.get(send_id.id)
+        return earlier[0] if earlier and earlier[1] > now else None
 
     async def pending(self, thread: str) -> list[Message]:
         check_key(thread, "thread")
@@ -67,6 +93,21 @@ class MemoryInbox:
             self._watchers[thread].discard(queue)
 
     async def ack(self, key: str, owner: str, token: int, message: Message) -> bool:
+        self._check_fenced(key, owner, message)
+        if not self._backend._holds(key, owner, token):
+            return False
+        self._remove(message)
+        return True
+
+    def _remove(self, message: Message) -> bool:
+        waiting = self._messages.get(message.thread, {})
+        self._deliveries.pop(message.id, None)
+        if message.seq in waiting and waiting[message.seq].id == message.id:
+            del waiting[message.seq]
+            return True
+        return False
+
+    def _check_fenced(self, key: str, owner: str, message: Message) -> None:
         check_key(key)
         check_owner(owner)
         check_key(message.thread, "thread")
@@ -74,12 +115,35 @@ class MemoryInbox:
         if thread != message.thread or not sign or not number.isdigit():
             raise not_in_inbox(message)
         self._backend._check_open()
+
+    async def deliver(self, key: str, owner: str, token: int, message: Message) -> int:
+        self._check_fenced(key, owner, message)
+        if not self._backend._holds(key, owner, token):
+            return 0
+        count = self._deliveries.get(message.id, 0) + 1
+        self._deliveries[message.id] = count
+        return count
+
+    async def dead_letter(
+        self, key: str, owner: str, token: int, message: Message, attempts: int
+    ) -> bool:
+        self._check_fenced(key, owner, message)
         if not self._backend._holds(key, owner, token):
             return False
-        waiting = self._messages.get(message.thread, {})
-        if message.seq in waiting and waiting[message.seq].id == message.id:
-            del waiting[message.seq]
+        if self._remove(message):
+            letter = DeadLetter(message.thread, message.seq, message.payload, message.id, attempts)
+            self._dead.setdefault(message.thread, {})[message.id] = letter
         return True
+
+    async def dead_letters(self, thread: str) -> list[DeadLetter]:
+        check_key(thread, "thread")
+        self._backend._check_open()
+        return sorted(self._dead.get(thread, {}).values(), key=lambda letter: letter.seq)
+
+    async def drop_dead_letter(self, letter: DeadLetter) -> bool:
+        check_key(letter.thread, "thread")
+        self._backend._check_open()
+        return self._dead.get(letter.thread, {}).pop(letter.id, None) is not None
 
     async def release_if_empty(self, key: str, owner: str, token: int, thread: str) -> bool:
         check_key(key)

@@ -9,9 +9,13 @@ little and writes a reply, fenced by its run's token). Then, in order:
    messages waiting hands the thread to a follow-up run;
 2. a worker is killed in the middle of a run: its lease expires and another worker
    takes the thread over and answers every message it left;
-3. a serverless invocation sends to an idle thread and runs it itself.
+3. a serverless invocation sends to an idle thread and runs it itself;
+4. a message the agent can never answer (a poison message) is delivered three times,
+   with a backoff in between, then lands in its thread's dead letters, where it is
+   listed and dropped; the send that posted it, retried with its send id, stores
+   nothing the second time.
 
-It ends once every message has its reply.
+It ends once every message has its reply (or is a dead letter).
 
     python examples/agent_threads.py
 """
@@ -47,6 +51,9 @@ def fake_agent(worker: str, think: float, replies: str) -> Handler:
         answered = 0
         async for message in messages:
             await asyncio.sleep(think)  # the model call would go here
+            if message.text.startswith("poison"):
+                log(worker, f"  {thread} #{message.seq}: cannot answer (try {message.attempt})")
+                return  # not acknowledged: delivered again, up to max_attempts times
             reply = f"{worker} answered {message.text!r}"
             # Fenced: a run that lost the thread cannot write a reply any more.
             if await lease.put(f"{replies}{thread}/{message.seq:06d}", reply):
@@ -65,7 +72,10 @@ async def work(endpoints: str, prefix: str, worker: str) -> None:
     logging.getLogger("etcd_leases.threads").setLevel(logging.INFO)
     async with EtcdLeaseProvider(endpoints, prefix=prefix) as provider:
         handler = fake_agent(worker, think=0.15, replies=replies_of(prefix))
-        await Threads(provider, handler, worker=worker, ttl_ms=TTL_MS, linger=0.1).serve()
+        threads = Threads(
+            provider, handler, worker=worker, ttl_ms=TTL_MS, linger=0.1, max_attempts=3
+        )
+        await threads.serve()
 
 
 def replies_of(prefix: str) -> str:
@@ -132,6 +142,19 @@ async def demo(
         for thread in [*CONVERSATIONS, "erin/chat-5"]:  # the last runs releasing them
             await next_owner(provider, senders.key(thread), lambda owner: owner is None)
         log("demo", f"every one of the {sent} messages has its reply; no thread is held")
+
+        log("demo", "4. a poison message, posted by a client that retries its send")
+        for _ in range(2):
+            posted = await senders.send("frank/chat-6", "poison pill", send_id="request-77")
+            log("sender", f"-> frank/chat-6 #{posted.seq} (duplicate: {posted.duplicate})")
+        for _ in range(600):  # three tries take well under a minute
+            if letters := await senders.dead_letters("frank/chat-6"):
+                break
+            await asyncio.sleep(0.1)
+        for letter in letters:
+            log("demo", f"dead letter #{letter.seq} {letter.text!r}: {letter.attempts} tries")
+            await senders.drop_dead_letter(letter)
+        log("demo", "the poison message is in the dead letters (dropped); nothing waits")
 
 
 async def next_owner(

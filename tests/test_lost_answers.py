@@ -18,7 +18,9 @@ from google.protobuf.message import Message
 
 from etcd_leases import BackendUnavailable, EtcdLeaseProvider
 from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.txn import delete, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+from etcd_leases.send_ids import SendId
 from tests.conftest import assert_freed, assert_no_lease_leaked
 
 
@@ -247,3 +249,54 @@ async def test_a_copy_refused_after_a_lost_answer_leaves_the_outcome_unknown(
         assert time.monotonic() < deadline, "the lease that may carry the key was not revoked"
         await asyncio.sleep(0.02)
     assert await p.get_lease_owner("k") is None  # the key went with its lease
+
+
+async def test_an_idempotent_send_whose_answer_was_lost_is_stored_once(
+    etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers
+) -> None:
+    inbox = etcd_provider.inbox
+    lose_answers(1)
+    message = await inbox.append("thread", b"hello", 100, SendId("req-1"))
+    assert not message.duplicate and message.seq == 1
+    assert [m.id for m in await inbox.pending("thread")] == [message.id]
+    again = await inbox.append("thread", b"hello", 100, SendId("req-1"))
+    assert again.duplicate and again.id == message.id
+
+
+@pytest.mark.parametrize("send_id", [None, SendId("req-1")])
+async def test_a_send_id_settles_a_lost_answer_followed_by_another_send(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch, send_id: SendId | None
+) -> None:
+    """The send lands, its message is handled, another send follows, and only then is
+    the answer lost: without a send id the outcome is unknown; with one, it is ours."""
+    client, inbox = etcd_provider.client, etcd_provider.inbox
+    original = client._attempt
+    lost: list[bytes] = []
+
+    async def attempt(
+        index: int, path: str, request: Message, response_type: type[Message], deadline_s: float
+    ) -> Message:
+        response = await original(index, path, request, response_type, deadline_s)
+        if path.endswith("/Txn") and not lost:
+            assert isinstance(request, pb.TxnRequest)
+            lost.append(request.success[1].request_put.key)
+            followed = pb.TxnRequest(
+                success=[
+                    delete(lost[0]),
+                    put(inbox.keys.seq("thread"), b"2 feedface 1"),
+                    put(inbox.keys.message("thread", 2, "feedface"), b"next"),
+                ]
+            )
+            await client.txn(followed)
+            raise lost_answer()
+        return response
+
+    monkeypatch.setattr(client, "_attempt", attempt)
+    if send_id is None:
+        with pytest.raises(BackendUnavailable):
+            await inbox.append("thread", b"hello", 100)
+        return
+    message = await inbox.append("thread", b"hello", 100, send_id)
+    assert not message.duplicate and message.seq == 1
+    assert [m.payload for m in await inbox.pending("thread")] == [b"next"]
+    assert (await inbox.append("thread", b"hello", 100, send_id)).duplicate

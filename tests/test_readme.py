@@ -274,7 +274,8 @@ COMMANDS_RUN = {
     "doctor": 0,
     "run": 0,
 }
-COMMANDS_NOT_RUN = {"watch", "elect", "server", "demo"}
+# dead-letters needs a thread with dead letters: tests/test_threads_processes.py runs it.
+COMMANDS_NOT_RUN = {"watch", "elect", "server", "demo", "dead-letters"}
 
 
 def test_command_line(readme_etcd: EtcdCluster, tmp_path: Path) -> None:

@@ -229,14 +229,17 @@ def check_history(history: list[Record], sent_here: list[Record], procs: Process
     for r in history:
         if r["ev"] in ("handled", "acking", "acked"):
             runs[r["thread"]][r["token"]].append(r)
+    # Keyed by thread too: one batched txn can give two threads' runs the same token.
     acking_time = {
-        (r["proc"], r["token"], r["seq"]): r["t"] for r in history if r["ev"] == "acking"
+        (r["proc"], r["thread"], r["token"], r["seq"]): r["t"]
+        for r in history
+        if r["ev"] == "acking"
     }
     for thread, by_token in runs.items():
         tokens = sorted(by_token)
         for earlier, later in itertools.pairwise(tokens):
             acks = [
-                acking_time[(r["proc"], r["token"], r["seq"])]
+                acking_time[(r["proc"], thread, r["token"], r["seq"])]
                 for r in by_token[earlier]
                 if r["ev"] == "acked"
             ]
@@ -249,7 +252,9 @@ def check_history(history: list[Record], sent_here: list[Record], procs: Process
     #    with a higher token; acknowledged once.
     troubled = procs.killed | procs.frozen
     lost_runs = {
-        (r["proc"], r["token"]) for r in history if r["ev"] in ("ack_refused", "cancelled")
+        (r["proc"], r["thread"], r["token"])
+        for r in history
+        if r["ev"] in ("ack_refused", "cancelled")
     }
     for payload, records in by_payload.items():
         handlings = [r for r in records if r["ev"] == "handled"]
@@ -260,9 +265,10 @@ def check_history(history: list[Record], sent_here: list[Record], procs: Process
         tokens = [r["token"] for r in handlings]
         assert tokens == sorted(set(tokens)), f"{payload}: duplicate without a higher token"
         for first in handlings[:-1]:
-            assert first["proc"] in troubled or (first["proc"], first["token"]) in lost_runs, (
-                f"{payload} handled again although run {first['token']} did not lose it"
-            )
+            assert (
+                first["proc"] in troubled
+                or (first["proc"], first["thread"], first["token"]) in lost_runs
+            ), f"{payload} handled again although run {first['token']} did not lose it"
             assert not any(a["token"] == first["token"] for a in acks)
 
 

@@ -95,3 +95,20 @@ def test_a_handler_that_lost_its_thread_cannot_ack(providers: list[Provider]) ->
         threads.run("t")
     assert outcome == ["refused"]
     assert providers[1].get_lease_owner(threads.key("t")) == "thief"
+
+
+def test_a_send_retried_from_another_client_with_its_send_id_is_a_duplicate(
+    providers: list[Provider],
+) -> None:
+    handled: list[str] = []
+
+    def handle(thread: str, lease: SyncHeldLease, messages: SyncThreadMessages) -> None:
+        for message in messages:
+            handled.append(message.text)
+            messages.ack(message)
+
+    one, two = (Threads(provider, handle, ttl_ms=5000) for provider in providers)
+    first = one.send("t", "hello", send_id="req-1", run=True)
+    again = two.send("t", "hello", send_id="req-1", run=True)
+    assert not first.duplicate and again.duplicate and again.id == first.id
+    assert handled == ["hello"]

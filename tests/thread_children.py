@@ -94,9 +94,48 @@ async def serverless(endpoints: str, prefix: str, name: str, path: str, count: s
         await asyncio.Event().wait()
 
 
+async def retrier(endpoints: str, prefix: str, name: str, path: str, count: str) -> None:
+    """Sends ``req-0`` .. ``req-<count - 1>`` (each id to its own thread), in an order
+    of its own, each twice: as clients retrying across processes would."""
+    log = Log(path, name)
+
+    async def unused(*_: object) -> None:
+        raise AssertionError("this process only sends")
+
+    ids = [f"req-{i}" for i in range(int(count))] * 2
+    random.Random(name).shuffle(ids)
+    async with EtcdLeaseProvider(endpoints, prefix=prefix) as provider:
+        threads = Threads(provider, unused, worker=name)
+        for send_id in ids:
+            thread = f"thread-{int(send_id[4:]) % 5}"
+            message = await threads.send(thread, send_id, send_id=send_id)
+            log.write("sent", send_id=send_id, seq=message.seq, duplicate=message.duplicate)
+        log.write("done")
+
+
+async def crasher(endpoints: str, prefix: str, name: str, path: str) -> None:
+    """A worker whose process dies (``os._exit``) on the message ``crash``."""
+    log = Log(path, name)
+
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        async for message in messages:
+            log.write("handled", thread=thread, payload=message.text, attempt=message.attempt)
+            if message.text == "crash":
+                os._exit(1)
+            await messages.ack(message)
+            log.write("acked", thread=thread, payload=message.text)
+
+    async with EtcdLeaseProvider(endpoints, prefix=prefix) as provider:
+        threads = Threads(provider, handle, worker=name, ttl_ms=TTL_MS, max_attempts=3)
+        log.write("ready")
+        await threads.serve()
+
+
 ROLES: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
     "worker": worker,
     "serverless": serverless,
+    "retrier": retrier,
+    "crasher": crasher,
 }
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """The ``etcd-leases`` command: the lease contract, inspection and supervision from a shell.
 
 One module per group of commands (:mod:`contract`, :mod:`listing`, :mod:`doctor`,
-:mod:`run`, :mod:`elect`, :mod:`server`, :mod:`demo`); :mod:`options` holds the
-shared flags, :mod:`connection` what they say about etcd, :mod:`output` the text and
-``--json`` output, :mod:`exits` the exit codes.
+:mod:`run`, :mod:`elect`, :mod:`server`, :mod:`demo`, :mod:`dead_letters`);
+:mod:`options` holds the shared flags, :mod:`connection` what they say about etcd,
+:mod:`output` the text and ``--json`` output, :mod:`exits` the exit codes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,17 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from etcd_leases.cli import contract, demo, doctor, elect, exits, listing, run, server
+from etcd_leases.cli import (
+    contract,
+    dead_letters,
+    demo,
+    doctor,
+    elect,
+    exits,
+    listing,
+    run,
+    server,
+)
 from etcd_leases.cli.options import DURATION_FLAGS, Commands, shared_flags
 from etcd_leases.cli.output import Output
 from etcd_leases.cli.supervise import split_command
@@ -41,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
     )
     top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = top.add_subparsers(metavar="COMMAND", required=True)
-    for group in (contract, listing, doctor, run, elect, server, demo):
+    for group in (contract, listing, doctor, run, elect, server, demo, dead_letters):
         group.add_commands(Commands(commands, shared_flags(in_command=True)))
     return top
 

@@ -22,7 +22,8 @@ finds the thread free.
 compares the same ``seq`` revision, so the copies commit at most once, and the nonce
 in the message key (and in the ``seq`` value) tells whether one of ours did; where
 neither can tell any more, the send raises BackendUnavailable rather than risk a
-second copy.
+second copy. A send with a send id always can: the tombstone its txn wrote names
+its message (:mod:`etcd_leases.etcd.send_ids`).
 """
 
 from __future__ import annotations
@@ -33,9 +34,12 @@ import secrets
 from collections.abc import AsyncGenerator
 
 from etcd_leases.contract import check_key, check_owner
+from etcd_leases.dead_letters import DeadLetter
 from etcd_leases.errors import BackendUnavailable
+from etcd_leases.etcd.dead_letters import EtcdDeadLetters
 from etcd_leases.etcd.inbox_keys import InboxKeys, id_of, key_of
 from etcd_leases.etcd.provider import EtcdBackend
+from etcd_leases.etcd.send_ids import Tombstone, TombstoneLeases, evictions
 from etcd_leases.etcd.txn import (
     Txn,
     delete,
@@ -49,6 +53,7 @@ from etcd_leases.etcd.txn import (
 )
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox
+from etcd_leases.send_ids import SendId
 
 
 class _SendQueue:
@@ -66,6 +71,16 @@ class _SendQueue:
         self.seq_kv: pb.KeyValue | None = None
 
 
+def _counts(seq_kv: pb.KeyValue) -> tuple[int, int]:
+    """From a ``seq`` key: the thread's last seq, and how many send ids it has used."""
+    parts = seq_kv.value.split()  # "<last> <nonce>", then "<ids used>" once one was
+    return int(parts[0]) if parts else 0, int(parts[2]) if len(parts) > 2 else 0
+
+
+def _kvs(response: pb.TxnResponse, index: int) -> list[pb.KeyValue]:
+    return list(response.responses[index].response_range.kvs)
+
+
 def _or_empty(kv: pb.KeyValue | None) -> pb.KeyValue:
     """A key read: an absent one as an empty ``KeyValue`` (no value, mod_revision 0)."""
     return kv if kv is not None else pb.KeyValue()
@@ -79,52 +94,69 @@ class EtcdInbox:
         self._backend = backend
         self._client = backend.client
         self._queues: dict[str, _SendQueue] = {}
+        self._tombstone_leases = TombstoneLeases(backend.client)
+        self._dead = EtcdDeadLetters(backend, self.keys)
 
     def _message(self, thread: str, kv: pb.KeyValue) -> Message:
         return Message(thread, self.keys.seq_of(thread, kv.key), kv.value, id_of(kv.key))
 
     # The capability.
 
-    async def append(self, thread: str, payload: bytes, max_pending: int) -> Message:
-        data = check_append(thread, payload, max_pending)
+    async def append(
+        self, thread: str, payload: bytes, max_pending: int, send_id: SendId | None = None
+    ) -> Message:
+        data = check_append(thread, payload, max_pending, send_id)
         self._client.check_open()
         queue = self._queues.setdefault(thread, _SendQueue())
         queue.users += 1
         try:
             async with queue.lock:
-                return await self._append(thread, data, max_pending, queue)
+                return await self._append(thread, data, max_pending, queue, send_id)
         finally:
             queue.users -= 1
             if not queue.users:
                 del self._queues[thread]
 
     async def _append(
-        self, thread: str, data: bytes, max_pending: int, queue: _SendQueue
+        self,
+        thread: str,
+        data: bytes,
+        max_pending: int,
+        queue: _SendQueue,
+        send_id: SendId | None,
     ) -> Message:
         seq_key, nonce = self.keys.seq(thread), secrets.token_hex(8)
         seq_kv = queue.seq_kv
         if seq_kv is None:
             seq_kv = queue.seq_kv = _or_empty(await self._client.range(seq_key))
         while True:
-            last = int(seq_kv.value.split()[0]) if seq_kv.value else 0
+            last, ids_used = _counts(seq_kv)
             seen = seq_kv.mod_revision
             key = self.keys.message(thread, last + 1, nonce)
             compares = [mod_revision_is(seq_key, seen)]
             if (oldest_allowed := last + 2 - max_pending) > 1:
                 end = self.keys.messages(thread, below_seq=oldest_allowed)
                 compares.append(range_is_empty(self.keys.messages(thread), end))
+            ops = [put(key, data), get(seq_key)]
+            if send_id is not None:
+                ids_used += 1
+                tomb_key = self.keys.send_id(thread, send_id.id)
+                compares.append(mod_revision_is(tomb_key, 0))  # the id is not taken
+                ops += await self._tombstone(thread, send_id, ids_used, last + 1, key)
             # The seq key carries the nonce too: after a lost answer it says whether
             # ours was the last send, even once its message has been acknowledged.
-            seq_value = b"%d %s" % (last + 1, nonce.encode())
-            txn = (
-                Txn.when(*compares)
-                .then(put(seq_key, seq_value), put(key, data), get(seq_key))
-                .otherwise(get(seq_key), get(key))
-            )
+            seq_value = b"%d %s %d" % (last + 1, nonce.encode(), ids_used)
+            txn = Txn.when(*compares).then(put(seq_key, seq_value), *ops)
+            txn.otherwise(get(seq_key), get(key), *([get(tomb_key)] if send_id else []))
             response, answers_lost = await self._backend._send_copies(txn)
             seq_kv = queue.seq_kv = _or_empty(first_kv(response))
             ours = seq_kv.value == seq_value
-            if response.succeeded or self._found(response, 1) or (answers_lost and ours):
+            if not response.succeeded and send_id and (earlier := _kvs(response, 2)):
+                tomb = Tombstone.parse(earlier[0])
+                if tomb.message_key != key:  # else a lost answer's copy of ours landed
+                    return Message(thread, tomb.seq, data, id_of(tomb.message_key), duplicate=True)
+                ours = True
+            if response.succeeded or _kvs(response, 1) or (answers_lost and ours):
                 return Message(thread, last + 1, data, id_of(key))
             if seq_kv.mod_revision == seen:
                 raise InboxFull(thread, max_pending)
@@ -133,13 +165,21 @@ class EtcdInbox:
                 # by another send: sending again could deliver the message twice.
                 raise BackendUnavailable(
                     f"etcd: the answer to a send to {thread!r} was lost and another send "
-                    "followed: whether it was stored is unknown"
+                    "followed: whether it was stored is unknown (a send id settles it)"
                 )
             # Another process's send took this seq: take the next one.
 
-    @staticmethod
-    def _found(response: pb.TxnResponse, index: int) -> bool:
-        return bool(response.responses[index].response_range.kvs)
+    async def _tombstone(
+        self, thread: str, send_id: SendId, number: int, seq: int, message_key: bytes
+    ) -> list[pb.RequestOp]:
+        """The writes that remember ``send_id`` for its window, evicting the oldest."""
+        lease = await self._tombstone_leases.lease(send_id.window_s)
+        tomb = Tombstone(seq, number, message_key)
+        return [
+            put(self.keys.send_id(thread, send_id.id), tomb.value(), lease),
+            put(self.keys.send_id_number(thread, number), send_id.id.encode(), lease),
+            *await evictions(self._client, self.keys, thread, number, send_id),
+        ]
 
     async def pending(self, thread: str) -> list[Message]:
         check_key(thread, "thread")
@@ -171,8 +211,37 @@ class EtcdInbox:
         lease_key = self._backend.etcd_key(key)
         txn = Txn.when(mod_revision_is(lease_key, token), value_is(lease_key, owner.encode()))
         # Deleting an absent key succeeds, so a lost answer can be settled by asking again.
-        response, _ = await self._backend._send_copies(txn.then(delete(message_key)))
+        counter = self.keys.delivery(message.thread, message.seq)
+        response, _ = await self._backend._send_copies(
+            txn.then(delete(message_key), delete(counter))
+        )
         return response.succeeded
+
+    async def deliver(self, key: str, owner: str, token: int, message: Message) -> int:
+        check_key(key)
+        check_owner(owner)
+        self._key_of(message)
+        self._client.check_open()
+        return await self._dead.deliver(key, owner, token, message)
+
+    async def dead_letter(
+        self, key: str, owner: str, token: int, message: Message, attempts: int
+    ) -> bool:
+        check_key(key)
+        check_owner(owner)
+        message_key = self._key_of(message)
+        self._client.check_open()
+        return await self._dead.dead_letter(key, owner, token, message, message_key, attempts)
+
+    async def dead_letters(self, thread: str) -> list[DeadLetter]:
+        check_key(thread, "thread")
+        self._client.check_open()
+        return await self._dead.list(thread)
+
+    async def drop_dead_letter(self, letter: DeadLetter) -> bool:
+        check_key(letter.thread, "thread")
+        self._client.check_open()
+        return await self._dead.drop(letter)
 
     def _key_of(self, message: Message) -> bytes:
         """The etcd key of ``message``: never anything but one of its thread's messages."""

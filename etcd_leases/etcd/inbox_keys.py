@@ -2,8 +2,12 @@
 
 Under the inbox root, beside the lease prefix (``/etcd-leases.inbox/``)::
 
-    seq/<thread>                          "<last seq> <nonce of its send>"
+    seq/<thread>                          "<last seq> <nonce of its send> <send ids used>"
     msg/<thread>/<seq, 20 digits>.<nonce> one message; its value is the payload
+    ids/<thread>/<send id>                "<seq> <number> <message key>": a tombstone
+    idn/<thread>/<number, 20 digits>      the send id of the thread's number-th tombstone
+    att/<thread>/<seq, 20 digits>         its version counts the message's deliveries
+    dead/<thread>/<seq, 20 digits>.<nonce> a dead letter: "<attempts>\n<payload>"
 
 where ``<thread>`` is the thread's UTF-8 bytes after their length (``0009/chat:42\\0x``),
 so one thread's keys never fall in another's range, whatever bytes names contain, and
@@ -54,6 +58,22 @@ class InboxKeys:
 
     def message(self, thread: str, seq: int, nonce: str) -> bytes:
         return self.messages(thread) + b"%0*d.%s" % (SEQ_DIGITS, seq, nonce.encode())
+
+    def send_id(self, thread: str, send_id: str) -> bytes:
+        return self.root + b"ids/" + self._name(thread) + b"/" + send_id.encode("utf-8")
+
+    def send_id_number(self, thread: str, number: int) -> bytes:
+        return self.root + b"idn/" + self._name(thread) + b"/%0*d" % (SEQ_DIGITS, number)
+
+    def delivery(self, thread: str, seq: int) -> bytes:
+        return self.root + b"att/" + self._name(thread) + b"/%0*d" % (SEQ_DIGITS, seq)
+
+    def dead_letters(self, thread: str) -> bytes:
+        return self.root + b"dead/" + self._name(thread) + b"/"
+
+    def dead_letter(self, thread: str, message_key: bytes) -> bytes:
+        """Where a message goes when it dies: its key, under the dead letters."""
+        return self.dead_letters(thread) + message_key[len(self.messages(thread)) :]
 
     def is_message(self, thread: str, key: bytes) -> bool:
         """Whether ``key`` names one of ``thread``'s messages."""

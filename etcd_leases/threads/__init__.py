@@ -3,9 +3,10 @@
 See :class:`Threads` (send, run, serve) and :class:`ThreadMessages` (a run's messages).
 """
 
+from etcd_leases.dead_letters import DeadLetter
 from etcd_leases.inbox import InboxFull, Message
 from etcd_leases.threads.messages import ThreadMessages
 from etcd_leases.threads.run import Handler
 from etcd_leases.threads.threads import Threads
 
-__all__ = ["Handler", "InboxFull", "Message", "ThreadMessages", "Threads"]
+__all__ = ["DeadLetter", "Handler", "InboxFull", "Message", "ThreadMessages", "Threads"]

@@ -47,10 +47,16 @@ class ThreadMessages:
         self._started.set()
         self._arrived.set()
 
-    async def any_waiting(self) -> bool:
-        """Whether anything was waiting when the run started (or has arrived since)."""
+    async def first(self) -> Message | None:
+        """The message first in line, before the handler starts (``None``: none)."""
         await self._started.wait()
-        return bool(self._waiting)
+        return self._waiting[0] if self._waiting else None
+
+    def replace_first(self, message: Message | None) -> None:
+        """Put ``message`` (the first, with its attempt) first in line, or drop the first."""
+        self._waiting.popleft()
+        if message is not None:
+            self._waiting.appendleft(message)
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return self

@@ -10,20 +10,29 @@ two atomic steps, never a plain release:
 - messages are waiting: the lease is transferred to a follow-up run of this
   process (``transfer_lease``: the thread is never free in between), which reads
   the inbox afresh and handles them.
+
+The hand-off (transfer, then adopting the tenure) is one step a cancel cannot split:
+it runs to its end, and only then is a cancel that came meanwhile let through, by
+ending the follow-up's tenure like any cancelled hold, which gives the thread back.
+A cancel mid-way would otherwise leave the key with a follow-up owner that nothing
+keeps alive or releases, blocking the thread for a whole TTL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, replace
 
 from etcd_leases.errors import LeaseLost
 from etcd_leases.hold import HeldLease, adopt, hold
 from etcd_leases.inbox import InboxProvider
 from etcd_leases.threads.messages import ThreadMessages
+from etcd_leases.threads.retries import Retries
 
 _log = logging.getLogger("etcd_leases.threads")
 
@@ -46,6 +55,7 @@ class ThreadRunner:
     new_owner: Callable[[], str]
     ttl_ms: int
     linger: float
+    retries: Retries
 
     async def run(self) -> None:
         """Take the thread (``LeaseHeld`` if someone holds it) and run it until released.
@@ -54,24 +64,36 @@ class ThreadRunner:
         for whoever takes it next), or the handler's own exception (the thread is
         released; its unacknowledged messages are delivered to the next run).
         """
-        tenure: AbstractAsyncContextManager[HeldLease] | None = hold(
-            self.provider, self.key, self.new_owner(), self.ttl_ms
-        )
-        while tenure is not None:
-            async with tenure as lease:
+        # The stack holds the current tenure only: a hand-off swaps it for the next.
+        async with AsyncExitStack() as tenure:
+            first = hold(self.provider, self.key, self.new_owner(), self.ttl_ms)
+            lease: HeldLease | None = await tenure.enter_async_context(first)
+            while lease is not None:
                 await self._run_once(lease)
-                tenure = await self._end(lease)
+                lease = await self._end(lease, tenure)
 
     async def _run_once(self, lease: HeldLease) -> None:
-        """The handler, cancelled (``LeaseLost``) the moment the run loses the thread."""
+        """The handler, cancelled (``LeaseLost``) the moment the run loses the thread,
+        or once it has run ``run_deadline_s``."""
         messages = ThreadMessages(self.provider.inbox, lease, self.thread, self.linger)
-        if not await messages.any_waiting():  # the handler only runs for messages
+        try:
+            deliver = await self._first_delivery(lease, messages)
+        except BaseException:
+            await messages.close()
+            raise
+        if not deliver:  # the handler only runs for messages
             await messages.close()
             return
         work = asyncio.ensure_future(self.handler(self.thread, lease, messages))
         lost = asyncio.ensure_future(lease.lost.wait())
         try:
-            await asyncio.wait((work, lost), return_when=asyncio.FIRST_COMPLETED)
+            deadline = self.retries.run_deadline_s
+            await asyncio.wait((work, lost), timeout=deadline, return_when=FIRST_COMPLETED)
+            if not work.done() and not lost.done():
+                _log.warning(
+                    "thread %r: the handler of %s ran past its %g s deadline: cancelled",
+                    *(self.thread, lease.owner, deadline),
+                )
         finally:
             for task in (work, lost):
                 task.cancel()
@@ -81,13 +103,55 @@ class ThreadRunner:
             work.result()  # the handler's own exception, if any
         lease.check()  # raises LeaseLost if the handler was cut short by the loss
 
-    async def _end(self, lease: HeldLease) -> AbstractAsyncContextManager[HeldLease] | None:
+    async def _first_delivery(self, lease: HeldLease, messages: ThreadMessages) -> bool:
+        """Count the delivery of the message first in line, back off before a retry,
+        and dead-letter it past ``max_attempts``; whether a message is left to deliver."""
+        inbox, limit = self.provider.inbox, self.retries.max_attempts
+        while (first := await messages.first()) is not None:
+            if limit is None:
+                return True
+            attempt = await inbox.deliver(lease.key, lease.owner, lease.token, first)
+            if not attempt:
+                raise LeaseLost(f"{lease.owner!r} lost {self.thread!r} before delivering")
+            if attempt <= limit:
+                messages.replace_first(replace(first, attempt=attempt))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.retries.backoff(attempt)):
+                        await lease.lost.wait()
+                lease.check()
+                return True
+            failed = attempt - 1
+            if not await inbox.dead_letter(lease.key, lease.owner, lease.token, first, failed):
+                raise LeaseLost(f"{lease.owner!r} lost {self.thread!r} before dead-lettering")
+            _log.warning(
+                "thread %r: message %d was delivered %d times, never acknowledged: "
+                "moved to the dead letters",
+                *(self.thread, first.seq, failed),
+            )
+            messages.replace_first(None)
+        return False
+
+    async def _end(self, lease: HeldLease, tenure: AsyncExitStack) -> HeldLease | None:
         """Release the thread if its inbox is empty, else hand it to a follow-up run."""
         inbox = self.provider.inbox
         if await lease.release_with(
             lambda: inbox.release_if_empty(self.key, lease.owner, lease.token, self.thread)
         ):
             return None
+        handing_off = asyncio.ensure_future(self._hand_off(lease, tenure))
+        cancelled = False
+        while not handing_off.done():
+            try:
+                await asyncio.shield(handing_off)
+            except asyncio.CancelledError:
+                cancelled = True
+        follow_up = handing_off.result()
+        if cancelled:  # the exit of ``tenure`` gives the thread back
+            raise asyncio.CancelledError
+        return follow_up
+
+    async def _hand_off(self, lease: HeldLease, tenure: AsyncExitStack) -> HeldLease:
+        """Transfer the thread to a follow-up run and adopt it into ``tenure``."""
         follow_up = self.new_owner()
         try:
             await lease.transfer(follow_up)
@@ -95,4 +159,7 @@ class ThreadRunner:
             _log.warning("thread %r: %s lost it before handing it off", self.thread, lease.owner)
             raise
         _log.info("thread %r: %s handed off to %s", self.thread, lease.owner, follow_up)
-        return adopt(self.provider, self.key, follow_up, self.ttl_ms)
+        await tenure.pop_all().aclose()  # the handed-on tenure: nothing left to release
+        return await tenure.enter_async_context(
+            adopt(self.provider, self.key, follow_up, self.ttl_ms)
+        )

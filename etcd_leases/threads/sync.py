@@ -13,7 +13,9 @@
         threads.send("chat:42", "hello", run=True)
 
 A thread cannot be cancelled: a handler whose run lost its thread learns it from
-``lease.lost``, ``lease.check()``, the next message or ``ack`` (``LeaseLost``). The
+``lease.lost``, ``lease.check()``, the next message or ``ack`` (``LeaseLost``); at
+``run_deadline_s`` its messages end (the next one it asks for is none) and the run
+waits for it to return. The
 next run of the thread in this process starts only after the handler has returned.
 """
 
@@ -26,6 +28,7 @@ from typing import Any
 
 from anyio.from_thread import BlockingPortal
 
+from etcd_leases.dead_letters import DeadLetter
 from etcd_leases.hold import HeldLease
 from etcd_leases.inbox import Message
 from etcd_leases.sync import SyncHeldLease, SyncLeaseProvider
@@ -96,9 +99,29 @@ class Threads:
     def key(self, thread: str) -> str:
         return self.aio.key(thread)
 
-    def send(self, thread: str, payload: str | bytes, *, run: bool = False) -> Message:
+    def send(
+        self,
+        thread: str,
+        payload: str | bytes,
+        *,
+        run: bool = False,
+        send_id: str | None = None,
+    ) -> Message:
         """Blocking :meth:`etcd_leases.threads.Threads.send`."""
-        return self._portal.call(functools.partial(self.aio.send, thread, payload, run=run))
+        send = functools.partial(self.aio.send, thread, payload, run=run, send_id=send_id)
+        return self._portal.call(send)
+
+    def dead_letters(self, thread: str) -> list[DeadLetter]:
+        """Blocking :meth:`etcd_leases.threads.Threads.dead_letters`."""
+        return self._portal.call(self.aio.dead_letters, thread)
+
+    def retry_dead_letter(self, letter: DeadLetter, *, run: bool = False) -> Message:
+        """Blocking :meth:`etcd_leases.threads.Threads.retry_dead_letter`."""
+        return self._portal.call(functools.partial(self.aio.retry_dead_letter, letter, run=run))
+
+    def drop_dead_letter(self, letter: DeadLetter) -> bool:
+        """Blocking :meth:`etcd_leases.threads.Threads.drop_dead_letter`."""
+        return self._portal.call(self.aio.drop_dead_letter, letter)
 
     def run(self, thread: str) -> bool:
         """Blocking :meth:`etcd_leases.threads.Threads.run`."""

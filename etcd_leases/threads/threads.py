@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import logging
 import os
@@ -20,6 +21,7 @@ import secrets
 import socket
 
 from etcd_leases.contract import check_key, check_owner, check_ttl_ms
+from etcd_leases.dead_letters import DeadLetter
 from etcd_leases.errors import (
     LeaseError,
     LeaseHeld,
@@ -36,6 +38,13 @@ from etcd_leases.inbox import (
     check_max_pending,
     payload_bytes,
 )
+from etcd_leases.send_ids import (
+    DEFAULT_MAX_PER_THREAD,
+    DEFAULT_WINDOW_S,
+    SendId,
+    check_send_id_limits,
+)
+from etcd_leases.threads.retries import Retries
 from etcd_leases.threads.run import Handler, ThreadRunner
 
 _log = logging.getLogger("etcd_leases.threads")
@@ -50,6 +59,12 @@ class Threads:
     ``messages`` (see :class:`~etcd_leases.threads.ThreadMessages`) and acknowledges
     each with ``await messages.ack(message)``; ``lease.token`` fences anything else
     it writes. The lease key of ``thread`` is ``namespace + thread``.
+
+    A message not acknowledged is delivered again (see
+    :mod:`etcd_leases.threads.retries`): after ``backoff_s`` (doubling up to
+    ``max_backoff_s``), at most ``max_attempts`` times, then it goes to the thread's
+    dead letters (``max_attempts=None``: retried for ever, uncounted).
+    ``run_deadline_s`` cancels a handler that runs longer.
     """
 
     def __init__(
@@ -63,6 +78,12 @@ class Threads:
         max_pending: int = DEFAULT_MAX_PENDING,
         max_payload_bytes: int = MAX_PAYLOAD_BYTES,
         namespace: str = "thread/",
+        send_id_window_s: float = DEFAULT_WINDOW_S,
+        max_send_ids: int = DEFAULT_MAX_PER_THREAD,
+        max_attempts: int | None = 5,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 30.0,
+        run_deadline_s: float | None = None,
     ) -> None:
         if not isinstance(provider, InboxProvider):
             raise LeaseTypeError(
@@ -77,6 +98,8 @@ class Threads:
             raise LeaseValueError(f"linger must be a number of seconds >= 0, got {linger!r}")
         if not 0 < max_payload_bytes <= MAX_PAYLOAD_BYTES:
             raise LeaseValueError(f"max_payload_bytes must be in 1 ..= {MAX_PAYLOAD_BYTES}")
+        check_send_id_limits(send_id_window_s, max_send_ids)
+        self.retries = Retries(max_attempts, backoff_s, max_backoff_s, run_deadline_s)
         if not isinstance(namespace, str):
             raise LeaseTypeError(f"namespace must be a str, not {type(namespace).__name__}")
         self.provider = provider
@@ -87,6 +110,8 @@ class Threads:
         self.max_pending = max_pending
         self.max_payload_bytes = max_payload_bytes
         self.namespace = namespace
+        self.send_id_window_s = send_id_window_s
+        self.max_send_ids = max_send_ids
         # Owners are unique per run, even across restarts of a worker of the same name:
         # a run that was frozen must never pass for a later one.
         self._runs = (f"{worker}/{secrets.token_hex(3)}-{n}" for n in itertools.count(1))
@@ -100,17 +125,33 @@ class Threads:
         check_key(key, "namespace + thread")
         return key
 
-    async def send(self, thread: str, payload: str | bytes, *, run: bool = False) -> Message:
+    async def send(
+        self,
+        thread: str,
+        payload: str | bytes,
+        *,
+        run: bool = False,
+        send_id: str | None = None,
+    ) -> Message:
         """Store ``payload`` at the end of ``thread``'s inbox; durable when this returns.
 
         The thread's current run receives it by watch; if no run holds the thread,
         ``run=True`` runs it here, in this call (the serverless case), else a serving
         worker (or the next ``send(run=True)``) does. Raises ``InboxFull`` when
         ``max_pending`` messages are waiting, ``ValueError`` for an oversized payload.
+
+        ``send_id`` (chosen by the caller, say a request id) makes the send
+        idempotent: another send to ``thread`` with the same id, within
+        ``send_id_window_s`` and among its last ``max_send_ids`` ids, stores nothing
+        and returns the first send's message with ``duplicate`` set, even once that
+        message has been handled.
         """
         self.key(thread)  # refuse a thread name that makes no lease key, before writing
         data = payload_bytes(payload, self.max_payload_bytes)
-        message = await self.provider.inbox.append(thread, data, self.max_pending)
+        once = None
+        if send_id is not None:
+            once = SendId(send_id, self.send_id_window_s, self.max_send_ids)
+        message = await self.provider.inbox.append(thread, data, self.max_pending, once)
         if run:
             await self.run(thread)
         return message
@@ -130,12 +171,34 @@ class Threads:
             lambda: next(self._runs),
             self.ttl_ms,
             self.linger,
+            self.retries,
         )
         try:
             await runner.run()
         except LeaseHeld:
             return False
         return True
+
+    async def dead_letters(self, thread: str) -> list[DeadLetter]:
+        """``thread``'s messages that failed ``max_attempts`` deliveries, in seq order."""
+        return await self.provider.inbox.dead_letters(thread)
+
+    async def retry_dead_letter(self, letter: DeadLetter, *, run: bool = False) -> Message:
+        """Send ``letter`` again, at the end of its thread's inbox, and drop it.
+
+        Safe to repeat (say, after a crash in between): the send carries an id of the
+        letter, so it is stored once within ``send_id_window_s``.
+        """
+        once = "retry:" + hashlib.sha256(letter.id.encode("utf-8", "surrogateescape")).hexdigest()
+        message = await self.send(letter.thread, letter.payload, send_id=once)
+        await self.provider.inbox.drop_dead_letter(letter)
+        if run:
+            await self.run(letter.thread)
+        return message
+
+    async def drop_dead_letter(self, letter: DeadLetter) -> bool:
+        """Delete ``letter`` for good; whether it was there."""
+        return await self.provider.inbox.drop_dead_letter(letter)
 
     async def serve(self, stop: asyncio.Event | None = None) -> None:
         """Run every thread that has messages waiting and no live owner, until ``stop``.
