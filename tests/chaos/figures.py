@@ -15,6 +15,8 @@ from tests.chaos.checker import Record
 # Records whose outcome may be an error ("error: Type: message"), by what the worker did.
 _CALLS = {"acquire": "acquire", "tenure": "hold", "etcd_write": "fenced put"}
 _CALLS |= {"release": "release", "transfer": "transfer"}
+# The reason hold gives when its block ends (however it ends: an error in it, too).
+OWN_RELEASE = "released by its holder"
 
 
 Tenure = tuple[str, str, int]  # worker, key, token
@@ -33,7 +35,8 @@ def _ended_by_holder(records: Sequence[Record]) -> dict[Tenure, float]:
 def _seen(record: Record, ended: dict[Tenure, float]) -> str | None:
     """What a worker saw, in a few words, if it was not plain success."""
     if record["op"] == "lost":
-        if record["at"] >= ended.get((record["worker"], record["key"], record["token"]), 1e18):
+        own_end = ended.get((record["worker"], record["key"], record["token"]), 1e18)
+        if record["at"] >= own_end or record["reason"] == OWN_RELEASE:
             return None  # its holder's own release or transfer
         return f"lost: {record['reason'].split(':')[0]}"
     outcome = str(record.get("outcome", ""))

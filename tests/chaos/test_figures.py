@@ -28,6 +28,7 @@ def test_counts_recovery_and_what_workers_saw_while_it_lasted() -> None:
         record("acquire", 26.0, token=3),  # held through the defrag
         record("release", 30.1, token=2),
         record("lost", 30.2, token=2, at=30.2, reason="the key was released"),  # its own
+        record("lost", 30.3, token=4, at=30.3, reason="released by its holder"),  # its own
     ]
     assert by_fault_kind(records, faults) == {
         "defrag": {
