@@ -172,3 +172,25 @@ async def test_a_frozen_member_costs_concurrent_callers_no_more_than_one(
                 assert owners == ["alice"] * concurrency
     finally:
         frozen.resume()
+
+
+async def test_every_member_replaced_on_a_new_address(etcd_cluster: EtcdCluster) -> None:
+    """Each member in turn is removed and replaced by one on a new address (as an
+    operator replaces machines): once none of the endpoints given is a member, the
+    provider still works, since it follows etcd's member list (with
+    ``member_sync_interval=None`` the acquire after the last replacement fails)."""
+    async with (
+        EtcdLeaseProvider(
+            etcd_cluster.endpoints, timeout=3.0, member_sync_interval=0.5
+        ) as provider,
+        provider.hold("held", "me", 3000) as held,
+    ):
+        given = set(etcd_cluster.endpoints)
+        for member in list(etcd_cluster.members):
+            await asyncio.to_thread(etcd_cluster.replace_member, member)
+            await asyncio.sleep(1.0)  # a sync or two
+        assert not given & set(etcd_cluster.endpoints)
+        assert set(etcd_cluster.endpoints) <= set(provider.client.endpoints)
+        assert not held.lost.is_set()
+        assert (await provider.acquire_lease("after", "me", 3000)).acquired
+        assert await provider.get_lease_owner("held") == "me"

@@ -485,3 +485,17 @@ def test_every_etcd_on_path_is_found_not_just_the_first(
     monkeypatch.delenv("ETCD_BIN", raising=False)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin")
     assert os.path.realpath(system) in {os.path.realpath(b) for b in find_etcd_binaries()}
+
+
+def test_replace_member_keeps_the_data_on_a_new_address(etcd_binary: str) -> None:
+    with EtcdCluster(3, binary=etcd_binary) as cluster:
+        cluster.etcdctl("put", "greeting", "hello")
+        old = cluster.members[1]
+        old_endpoint = old.endpoint
+        new = cluster.replace_member(old)
+        assert not old.running and new.running and new in cluster.members
+        assert new.endpoint != old_endpoint and old_endpoint not in cluster.endpoints
+        assert _get(new, "greeting") == "hello"
+        listed = cluster.etcdctl("member", "list")
+        assert new.name in listed and old.name not in listed
+        assert cluster.leader() in cluster.members

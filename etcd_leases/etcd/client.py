@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import TypeVar
@@ -41,6 +43,7 @@ from etcd_leases.etcd.rpc_errors import (
     is_no_leader,
     to_lease_error,
 )
+from etcd_leases.etcd.tasks import BackgroundTasks
 from etcd_leases.etcd.txn import prefix_end
 from etcd_leases.etcd.version import warn_if_affected
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
@@ -53,6 +56,10 @@ _LEASE_EXISTS = "lease already exists"
 _LEASE_NOT_FOUND = "requested lease not found"
 # How long the server's version may take to come on connect.
 _STATUS_TIMEOUT_S = 1.0
+# A member failure makes the client read the member list again, at most this often.
+_SYNC_AFTER_FAILURE_EVERY_S = 5.0
+
+_log = logging.getLogger(__name__)
 
 
 class EtcdClient:
@@ -72,6 +79,7 @@ class EtcdClient:
         ca_cert: str | None = None,
         cert: str | None = None,
         key: str | None = None,
+        member_sync_interval: float | None = 60.0,
     ) -> None:
         if not timeout > 0:
             raise LeaseValueError(f"timeout must be a positive number of seconds, got {timeout}")
@@ -81,12 +89,23 @@ class EtcdClient:
             raise LeaseValueError("username and password must be given together")
         if username == "":
             raise LeaseValueError("username must not be empty")
+        if member_sync_interval is not None and not member_sync_interval > 0:
+            raise LeaseValueError(
+                f"member_sync_interval must be a positive number of seconds or None, "
+                f"got {member_sync_interval}"
+            )
         tls = ca_cert is not None or cert is not None
         self.timeout = timeout
         #: The members: endpoints, channels, which to try first.
         self.members = Members(
-            parse_endpoints(endpoints, tls=tls), ssl_credentials(ca_cert, cert, key)
+            parse_endpoints(endpoints, tls=tls),
+            ssl_credentials(ca_cert, cert, key),
+            on_failure=self._member_failed,
         )
+        self._sync_interval = member_sync_interval
+        self._synced_after_failure_at = -math.inf
+        self._syncs = BackgroundTasks()
+        self._periodic_sync: asyncio.Task[None] | None = None
         #: The auth tokens, per member.
         self.auth = Auth(self.members, username, password, timeout)
         #: The version of the first member that told us, once one has.
@@ -189,6 +208,10 @@ class EtcdClient:
     ) -> ResponseT:
         """One unary call; retried on other members until ``timeout`` when ``retry``."""
         self.check_open()
+        if self._periodic_sync is None and self._sync_interval is not None:
+            self._periodic_sync = asyncio.get_running_loop().create_task(
+                self._sync_every(self._sync_interval), name="etcd-leases member sync"
+            )
         if self.server_version is None:
             await self._read_server_version()
         deadline = time.monotonic() + self.timeout
@@ -237,6 +260,42 @@ class EtcdClient:
             raise
         self.server_version = response.version
         warn_if_affected(response.version, self.members.targets[index])
+
+    # Following the members: etcd's member list says where they are now.
+
+    async def sync_members(self) -> list[str]:
+        """Add the members etcd lists that no endpoint names yet; their endpoints.
+
+        As the Go client's auto-sync: a member replaced by one on a new address is
+        found, even once no endpoint we were given still names a live member.
+        """
+        response = await self.call(
+            "/etcdserverpb.Cluster/MemberList", pb.MemberListRequest(), pb.MemberListResponse
+        )
+        # Learners serve no linearizable request: not an endpoint for us.
+        voters = [member for member in response.members if not member.isLearner]
+        learned = self.members.learn(url for member in voters for url in member.clientURLs)
+        if learned:
+            _log.info("etcd's member list names new members: %s", ", ".join(learned))
+        return learned
+
+    async def _sync_quietly(self) -> None:
+        with contextlib.suppress(LeaseError):  # the next sync tries again
+            await self.sync_members()
+
+    async def _sync_every(self, interval: float) -> None:
+        while not self.closed:
+            await asyncio.sleep(interval)
+            await self._sync_quietly()
+
+    def _member_failed(self) -> None:
+        """A member failed a call or stream: it may have been replaced. Look soon."""
+        now = time.monotonic()
+        if self._sync_interval is None or self.closed:
+            return
+        if now - self._synced_after_failure_at >= _SYNC_AFTER_FAILURE_EVERY_S:
+            self._synced_after_failure_at = now
+            self._syncs.start(self._sync_quietly())
 
     # The etcd calls, one method each.
 
@@ -394,3 +453,7 @@ class EtcdClient:
     async def close(self) -> None:
         """Close every channel; idempotent."""
         await self.members.close()
+        if self._periodic_sync is not None:
+            self._periodic_sync.cancel()
+            await asyncio.wait([self._periodic_sync])
+        await self._syncs.wait(self.timeout)

@@ -62,14 +62,11 @@ _log = logging.getLogger(__name__)
 # 1 s (less the round's own duration) while members keep failing.
 _BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 1.0
-# A stream that answered before, with requests outstanding and no answer for a third
+# A stream with requests outstanding and no answer for a third
 # of the shortest TTL (within these bounds), is given up: a frozen or leaderless
 # member keeps the TCP connection open, so nothing else would tell us.
 _STALL_MIN_S = 0.5
 _STALL_MAX_S = 5.0
-# A stream that has not answered yet gets half that (at least this): a round must
-# leave time for another once the cluster has elected a new leader.
-_FIRST_ANSWER_MIN_S = 0.25
 # The heaps drop entries of released and lost leases lazily; rebuild them when such
 # entries outnumber the live ones by this much, so churn cannot grow them forever.
 _COMPACT_SLACK = 1024
@@ -304,10 +301,9 @@ class KeepAliveLoop:
                 reason,
             )
 
-    def _stall_after(self, stream: RenewalStream) -> float:
+    def _stall_after(self) -> float:
         shortest = min(self._ttls, default=3 * _STALL_MAX_S)
-        limit = min(_STALL_MAX_S, max(_STALL_MIN_S, shortest / 3))
-        return limit if stream.answered else max(_FIRST_ANSWER_MIN_S, limit / 2)
+        return min(_STALL_MAX_S, max(_STALL_MIN_S, shortest / 3))
 
     # The watchdog: one timer for the earliest deadline or stall check.
 
@@ -347,10 +343,10 @@ class KeepAliveLoop:
     def _check_stalls(self, now: float) -> float:
         """End the streams that stopped answering; when to look again."""
         next_check = math.inf
+        limit = self._stall_after()
         for stream in list(self._streams):
             if stream.outstanding == 0:
                 continue
-            limit = self._stall_after(stream)
             if now - stream.progress_at < limit:
                 next_check = min(next_check, stream.progress_at + limit)
             else:
@@ -392,6 +388,9 @@ class KeepAliveLoop:
             self._lose(kept, DEADLINE_PASSED)
         elif sent_at is not None:
             kept.valid_until = max(kept.valid_until, sent_at + response.TTL)
+
+    def _on_waiting(self, stream: RenewalStream) -> None:
+        self._arm_watchdog(stream.progress_at + self._stall_after())
 
     def _on_end(self, stream: RenewalStream) -> None:
         if stream in self._streams:
@@ -458,11 +457,15 @@ class KeepAliveLoop:
         """Open a stream on every member, renew over them until all ended; why."""
         self._round_answered = False
         self._round_failure = None
-        login_timeout = max(_FIRST_ANSWER_MIN_S, _STALL_MIN_S)
         opened = await asyncio.gather(
             *(
                 RenewalStream.open(
-                    self._client, index, self._on_answer, self._on_end, login_timeout
+                    self._client,
+                    index,
+                    self._on_answer,
+                    self._on_waiting,
+                    self._on_end,
+                    login_timeout=_STALL_MIN_S,
                 )
                 for index in range(len(self._client.endpoints))
             )
@@ -541,10 +544,6 @@ class KeepAliveLoop:
         request: pb.LeaseKeepAliveRequest,
         answer: asyncio.Future[Renewal] | None,
     ) -> None:
-        sent_at = time.monotonic()
         for stream in self._streams:
-            idle = stream.outstanding == 0
-            stream.send(lease_id, request, answer, sent_at)
-            self._requests_sent += 1
-            if idle:
-                self._arm_watchdog(sent_at + self._stall_after(stream))
+            if stream.send(lease_id, request, answer):
+                self._requests_sent += 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,9 +104,15 @@ def ssl_credentials(
 class Members:
     """The endpoints of a cluster, a channel to each, and how well each serves us."""
 
-    def __init__(self, endpoints: list[Endpoint], credentials: grpc.ChannelCredentials) -> None:
+    def __init__(
+        self,
+        endpoints: list[Endpoint],
+        credentials: grpc.ChannelCredentials,
+        on_failure: Callable[[], None] = lambda: None,
+    ) -> None:
         self._endpoints = endpoints
         self._credentials = credentials
+        self._on_failure = on_failure
         self._channels: dict[Endpoint, grpc.aio.Channel] = {}
         self._preferred = 0
         # time.monotonic() until which each endpoint is passed over if others may answer.
@@ -144,12 +150,34 @@ class Members:
         )
         if self._preferred == index:
             self._preferred = following
+        self._on_failure()
         return following
 
     def answered(self, index: int) -> None:
         """Endpoint ``index`` answered: prefer it."""
         self._cool_until[index] = 0.0
         self._preferred = index
+
+    def learn(self, client_urls: Iterable[str]) -> list[str]:
+        """Add the members' client URLs not known yet (from etcd's member list); them.
+
+        Only added, never dropped: an endpoint given to us may be a proxy or a DNS
+        name that no member advertises, and a member gone for good just fails and
+        cools down. Indices stay stable for the streams that use them.
+        """
+        known = {endpoint.target for endpoint in self._endpoints}
+        added: list[str] = []
+        for url in client_urls:
+            try:
+                endpoint = _endpoint(url, tls=False)  # a member's URL names its scheme
+            except LeaseValueError:
+                continue  # advertised as something we cannot dial
+            if endpoint.target not in known:
+                known.add(endpoint.target)
+                self._endpoints.append(endpoint)
+                self._cool_until.append(0.0)
+                added.append(endpoint.target)
+        return added
 
     def channel(self, index: int | None = None) -> grpc.aio.Channel:
         """The channel to endpoint ``index`` (the preferred one), created on first use."""

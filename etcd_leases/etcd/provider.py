@@ -97,6 +97,9 @@ class EtcdBackend:
 
     ``endpoints`` is ``"host:port"`` / ``"http(s)://host:port"``, a comma-separated
     list of them, or a sequence. Connects on first use; ``async with`` closes it.
+    Every ``member_sync_interval`` seconds (and soon after a member fails) the
+    provider reads etcd's member list and adds members that no endpoint names, so a
+    member replaced on a new address is followed; ``None`` turns that off.
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class EtcdBackend:
         ca_cert: str | None = None,
         cert: str | None = None,
         key: str | None = None,
+        member_sync_interval: float | None = 60.0,
     ) -> None:
         if not isinstance(prefix, str):
             raise LeaseValueError(f"prefix must be a str, not {type(prefix).__name__}")
@@ -123,6 +127,7 @@ class EtcdBackend:
             ca_cert=ca_cert,
             cert=cert,
             key=key,
+            member_sync_interval=member_sync_interval,
         )
         # The server's minimum TTL, learnt from grants: asking less than it would
         # make every renewal look like a change of TTL.

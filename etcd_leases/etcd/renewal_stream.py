@@ -4,8 +4,9 @@ A member answers a stream's requests in order, one at a time: a follower forward
 each renewal to the leader and waits for it, so a follower whose leader froze holds
 every later request of the stream behind the stuck one. A :class:`RenewalStream`
 therefore never blocks its sender: requests go into a queue that a writer task of
-its own drains, and the time a request was queued (never later than its send, so a
-safe start for the TTL etcd answers) is remembered until its answer.
+its own drains, writing as fast as gRPC takes them. The time each request is written
+(etcd cannot renew before it) is remembered until its answer. A lease whose renewal
+is still queued is not queued twice, so a slow writer never falls further behind.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ Renewal = tuple[float, int]
 Inflight = tuple[float, "asyncio.Future[Renewal] | None"]
 _Call = grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse]
 AnswerHandler = Callable[["RenewalStream", pb.LeaseKeepAliveResponse, Inflight | None], None]
-EndHandler = Callable[["RenewalStream"], None]
+StreamHandler = Callable[["RenewalStream"], None]
+_Queued = tuple[int, pb.LeaseKeepAliveRequest, "asyncio.Future[Renewal] | None"]
 
 _log = logging.getLogger("etcd_leases.etcd.keepalive")
 
@@ -55,7 +57,8 @@ class RenewalStream:
     """A ``LeaseKeepAlive`` stream on endpoint ``endpoint`` of a client.
 
     ``on_answer(stream, response, inflight)`` runs for every answer, with the request
-    it answers (``None`` if unknown); ``on_end(stream)`` runs once when the stream
+    it answers (``None`` if unknown); ``on_waiting(stream)`` when a request is written
+    with none outstanding (a stall may start); ``on_end(stream)`` once when the stream
     ends, for whatever reason (``failure`` then says why, ``failed`` whether the
     member is to blame).
     """
@@ -66,16 +69,19 @@ class RenewalStream:
         endpoint: int,
         call: _Call,
         on_answer: AnswerHandler,
-        on_end: EndHandler,
+        on_waiting: StreamHandler,
+        on_end: StreamHandler,
     ) -> None:
         self.endpoint = endpoint
         self._client = client
         self._call = call
         self._on_answer = on_answer
+        self._on_waiting = on_waiting
         self._on_end = on_end
         # Per lease ID, oldest first: etcd answers a stream's requests in order.
         self._inflight: dict[int, deque[Inflight]] = {}
-        self._queue: deque[pb.LeaseKeepAliveRequest] = deque()
+        self._queue: deque[_Queued] = deque()
+        self._queued_renewals: set[int] = set()  # leases with a renewal in the queue
         self._queued = asyncio.Event()
         #: Requests sent and not answered.
         self.outstanding = 0
@@ -99,7 +105,8 @@ class RenewalStream:
         client: EtcdClient,
         endpoint: int,
         on_answer: AnswerHandler,
-        on_end: EndHandler,
+        on_waiting: StreamHandler,
+        on_end: StreamHandler,
         login_timeout: float,
     ) -> RenewalStream | str:
         """A stream on ``endpoint``, or why it could not be opened."""
@@ -121,7 +128,7 @@ class RenewalStream:
             if cancelling():
                 raise
             return "the login call was cancelled"
-        return cls(client, endpoint, call, on_answer, on_end)
+        return cls(client, endpoint, call, on_answer, on_waiting, on_end)
 
     @property
     def ended(self) -> bool:
@@ -132,27 +139,32 @@ class RenewalStream:
         lease_id: int,
         request: pb.LeaseKeepAliveRequest,
         answer: asyncio.Future[Renewal] | None,
-        sent_at: float,
-    ) -> None:
-        """Queue ``request``; ``sent_at`` (no later than now) starts its TTL if answered."""
+    ) -> bool:
+        """Queue ``request`` (a renewal of a lease, or a one-shot whose ``answer`` waits);
+        whether it was queued (not when the stream ended, or the lease's renewal still
+        waits in the queue)."""
         if self.ended:
-            return
-        requests = self._inflight.get(lease_id)
-        if requests is None:
-            requests = self._inflight[lease_id] = deque()
-        requests.append((sent_at, answer))
-        if self.outstanding == 0:
-            self.progress_at = sent_at
-        self.outstanding += 1
-        self._queue.append(request)
+            return False
+        if answer is None:
+            if lease_id in self._queued_renewals:
+                return False
+            self._queued_renewals.add(lease_id)
+        self._queue.append((lease_id, request, answer))
         self._queued.set()
+        return True
 
     def unanswered(self) -> list[tuple[int, asyncio.Future[Renewal]]]:
-        """The one-shot renewals sent here and not answered, whose callers still wait."""
-        return [
+        """The one-shot renewals given to this stream and not answered, whose callers
+        still wait."""
+        written = [
             (lease_id, answer)
             for lease_id, requests in self._inflight.items()
             for _, answer in requests
+        ]
+        queued = [(lease_id, answer) for lease_id, _, answer in self._queue]
+        return [
+            (lease_id, answer)
+            for lease_id, answer in written + queued
             if answer is not None and not answer.done()
         ]
 
@@ -180,7 +192,13 @@ class RenewalStream:
                 while not self._queue:
                     self._queued.clear()
                     await self._queued.wait()
-                await self._call.write(self._queue.popleft())
+                lease_id, request, answer = self._queue.popleft()
+                if answer is None:
+                    self._queued_renewals.discard(lease_id)
+                elif answer.done():
+                    continue  # its caller gave up
+                self._sent(lease_id, answer)
+                await self._call.write(request)
                 written += 1
                 if written % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
@@ -211,6 +229,18 @@ class RenewalStream:
             # Never let the reader die with an error nobody retrieves.
             _log.exception("the keep-alive reader failed")
             self.end("unexpected error in the keep-alive reader", failed=True)
+
+    def _sent(self, lease_id: int, answer: asyncio.Future[Renewal] | None) -> None:
+        # Recorded before the write: etcd cannot renew before we send.
+        sent_at = time.monotonic()
+        requests = self._inflight.get(lease_id)
+        if requests is None:
+            requests = self._inflight[lease_id] = deque()
+        requests.append((sent_at, answer))
+        self.outstanding += 1
+        if self.outstanding == 1:
+            self.progress_at = sent_at
+            self._on_waiting(self)
 
     def _answer(self, response: pb.LeaseKeepAliveResponse) -> None:
         self.answered = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -12,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 
 from etcd_leases.testing.binaries import find_etcd_binary
-from etcd_leases.testing.errors import EtcdStartError
+from etcd_leases.testing.errors import EtcdctlError, EtcdStartError
 from etcd_leases.testing.member import (
     _START_ATTEMPTS,
     DEFAULT_START_TIMEOUT,
@@ -96,6 +97,7 @@ class EtcdCluster:
         self.hosts = tuple(hosts) or (_HOST,) * size
         self.command_prefixes = tuple(map(tuple, command_prefixes)) or ((),) * size
         self.raft_timing = raft_timing
+        self._replacements = 0
         #: The members; filled in by :meth:`start`.
         self.members: list[EtcdMember] = []
         #: The temporary directory while the cluster exists, else None.
@@ -317,6 +319,51 @@ class EtcdCluster:
                 raise TimeoutError(f"the members did not agree on a live leader in {timeout:g} s")
             time.sleep(0.02)
 
+    def replace_member(self, member: EtcdMember) -> EtcdMember:
+        """Remove ``member`` from the cluster and add a new member on new ports in its
+        place, as an operator replaces a failed machine; the new member, once healthy.
+
+        ``member`` is killed; the new one takes its place in :attr:`members` (and so in
+        :attr:`endpoints`) and syncs its data from the others.
+        """
+        if self.directory is None or member not in self.members:
+            raise RuntimeError(f"{member!r} is not a member of this running cluster")
+        others = [m for m in self.members if m is not member]
+        via = next(m for m in others if m.running and not m.paused)
+        listed = json.loads(via.etcdctl("member", "list", "--write-out=json"))["members"]
+        (member_id,) = (entry["ID"] for entry in listed if entry.get("name") == member.name)
+        # Removed while it runs, with every member up for the proposal's quorum.
+        _reconfigure(via, "remove", f"{member_id:x}", done_if="not found")
+        member.kill()
+        client_port, peer_port = _reserve_ports(2)
+        self._ports += [client_port, peer_port]
+        self._replacements += 1
+        name = f"etcd{self.size + self._replacements - 1}"
+        peer_url = f"http://{member.host}:{peer_port}"
+        _reconfigure(via, "add", name, f"--peer-urls={peer_url}", done_if="exists")
+        replacement = EtcdMember(
+            name,
+            binary=self.binary,
+            data_dir=os.path.join(self.directory, f"{name}.data"),
+            log_path=os.path.join(self.directory, f"{name}.log"),
+            client_port=client_port,
+            peer_port=peer_port,
+            initial_cluster=",".join(
+                [f"{m.name}={m.peer_url}" for m in others] + [f"{name}={peer_url}"]
+            ),
+            cluster_token=member.cluster_token,
+            tls=self.tls_files,
+            extra_args=self.extra_args,
+            start_timeout=self.start_timeout,
+            host=member.host,
+            command_prefix=member.command_prefix,
+            raft_timing=self.raft_timing,
+            initial_cluster_state="existing",
+        )
+        replacement.start()
+        self.members[self.members.index(member)] = replacement
+        return replacement
+
     @property
     def running_members(self) -> list[EtcdMember]:
         """The members whose process is alive (paused ones included)."""
@@ -362,3 +409,28 @@ class EtcdCluster:
 
     def __repr__(self) -> str:
         return f"<EtcdCluster size={self.size} {self.binary} members={self.members!r}>"
+
+
+# What etcd answers a reconfiguration it may accept a moment later.
+_RECONFIGURE_TRANSIENT = ("unhealthy cluster", "deadline exceeded", "timed out", "leader")
+
+
+def _reconfigure(via: EtcdMember, *args: str, done_if: str, timeout: float = 30.0) -> None:
+    """``etcdctl member ARGS`` through ``via``, again while etcd refuses it for an
+    "unhealthy cluster" (it wants every remaining member connected for 5 s first),
+    times out or elects a leader; a retry that finds it done (``done_if``) is done."""
+    deadline = time.monotonic() + timeout
+    retried = False
+    while True:
+        try:
+            via.etcdctl("member", *args)
+            return
+        except EtcdctlError as exc:
+            text = str(exc)
+            if retried and done_if in text:
+                return
+            transient = any(word in text for word in _RECONFIGURE_TRANSIENT)
+            if not transient or time.monotonic() > deadline:
+                raise
+        retried = True
+        time.sleep(0.5)

@@ -55,6 +55,8 @@ class EtcdMember:
     :param raft_timing: (heartbeat interval, election timeout) in milliseconds; fast by
         default. etcd's own defaults, (100, 1000), elect a new leader as slowly as
         users' clusters do.
+    :param initial_cluster_state: ``"new"``, or ``"existing"`` for a member added to
+        a running cluster (see :meth:`EtcdCluster.replace_member`).
     """
 
     def __init__(
@@ -74,9 +76,11 @@ class EtcdMember:
         host: str = _HOST,
         command_prefix: Sequence[str] = (),
         raft_timing: tuple[int, int] = (HEARTBEAT_INTERVAL_MS, ELECTION_TIMEOUT_MS),
+        initial_cluster_state: str = "new",
     ) -> None:
         self.name = name
         self.raft_timing = raft_timing
+        self.initial_cluster_state = initial_cluster_state
         self.host = host
         self.command_prefix = tuple(command_prefix)
         self.binary = binary
@@ -150,7 +154,7 @@ class EtcdMember:
             f"--listen-peer-urls={self.peer_url}",
             f"--initial-advertise-peer-urls={self.peer_url}",
             f"--initial-cluster={self.initial_cluster}",
-            "--initial-cluster-state=new",
+            f"--initial-cluster-state={self.initial_cluster_state}",
             f"--initial-cluster-token={self.cluster_token}",
             f"--heartbeat-interval={self.raft_timing[0]}",
             f"--election-timeout={self.raft_timing[1]}",

@@ -983,3 +983,79 @@ class StatusResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatusResponse: _TypeAlias = StatusResponse  # noqa: Y015
+
+@_typing.final
+class Member(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    PEERURLS_FIELD_NUMBER: _builtins.int
+    CLIENTURLS_FIELD_NUMBER: _builtins.int
+    ISLEARNER_FIELD_NUMBER: _builtins.int
+    ID: _builtins.int
+    name: _builtins.str
+    isLearner: _builtins.bool
+    @_builtins.property
+    def peerURLs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def clientURLs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        ID: _builtins.int = ...,
+        name: _builtins.str = ...,
+        peerURLs: _abc.Iterable[_builtins.str] | None = ...,
+        clientURLs: _abc.Iterable[_builtins.str] | None = ...,
+        isLearner: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ID", b"ID", "clientURLs", b"clientURLs", "isLearner", b"isLearner", "name", b"name", "peerURLs", b"peerURLs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Member: _TypeAlias = Member  # noqa: Y015
+
+@_typing.final
+class MemberListRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LINEARIZABLE_FIELD_NUMBER: _builtins.int
+    linearizable: _builtins.bool
+    def __init__(
+        self,
+        *,
+        linearizable: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["linearizable", b"linearizable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemberListRequest: _TypeAlias = MemberListRequest  # noqa: Y015
+
+@_typing.final
+class MemberListResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___Member]: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+        members: _abc.Iterable[Global___Member] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "members", b"members"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemberListResponse: _TypeAlias = MemberListResponse  # noqa: Y015
