@@ -46,7 +46,8 @@ def _seen(record: Record, ended: dict[Tenure, float]) -> str | None:
 
 
 def _during(record: Record, fault: Record) -> bool:
-    at = record.get("at", record.get("start", 0.0))
+    """Whether the record's answer (its end: a tenure may begin before) came during it."""
+    at = record.get("at", record.get("end", 0.0))
     return bool(fault["start"] <= at <= fault["heal"])
 
 

@@ -48,6 +48,7 @@ class Nemesis:
             operations.defrag,
             operations.rolling_restart,
             operations.move_leader,
+            operations.replace_member,
         ]
         if partitions is not None:
             kinds += [self.partition_leader, self.partition_follower]
@@ -111,7 +112,7 @@ class Nemesis:
         """Cut ``member`` off from the other members (clients still reach every member)."""
         assert self.partitions is not None
         start = time.monotonic()
-        self.partitions.isolate(member.name)
+        self.partitions.isolate(self.cluster.members.index(member))
         try:
             time.sleep(self.random.uniform(1.0, 3.0))
         finally:

@@ -1,5 +1,6 @@
 """The faults operators meet, as nemesis actions: a full backend, compaction past lagging
-watches, defragmentation, a rolling restart, a leader moved (see nemesis.py)."""
+watches, defragmentation, a rolling restart, a leader moved, a member replaced on a new
+address (see nemesis.py)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,14 @@ class Operations:
             raise RuntimeError("etcd refused to move its leader three times")
         self.cluster.leader(timeout=20)
         return fault("move_leader", start, target.name)
+
+    def replace_member(self) -> Fault:
+        """Replace a member by a new one on a new address; the workers were given the old
+        addresses and must find the new one in etcd's member list."""
+        member, start = self.random.choice(self.cluster.members), time.monotonic()
+        replacement = self.cluster.replace_member(member)
+        self.cluster.leader(timeout=20)
+        return fault(
+            "replace_member", start, member.name, replacement=replacement.name,
+            endpoint=replacement.endpoint,
+        )  # fmt: skip
