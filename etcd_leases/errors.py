@@ -37,8 +37,8 @@ class BackendError(LeaseError):
 
 class BackendFull(BackendError):
     """etcd's database reached its quota (alarm NOSPACE): it refuses writes (acquire,
-    transfer, fenced put; on etcd 3.5 a release too) but still renews leases, until an
-    operator compacts, defragments and disarms the alarm."""
+    transfer, fenced put; on etcd 3.5.1 now and then a release too) but still renews
+    leases, until an operator compacts, defragments and disarms the alarm."""
 
 
 class LeaseLost(LeaseError):

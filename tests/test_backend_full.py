@@ -2,14 +2,13 @@
 
 etcd then refuses every write that takes space (a lease grant, a put) but still answers
 keep-alives, until an operator compacts, defragments and disarms the alarm. A release
-(a transaction that only deletes) gets through on 3.4; 3.5.1 refuses it too, so the key
-stays its holder's until the alarm is disarmed and the holder releases it again.
+(a transaction that only deletes) gets through on 3.4; 3.5.1 now and then refuses it
+too, and the key then stays its holder's until the holder releases it again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
 
@@ -33,11 +32,9 @@ def fill(cluster: EtcdCluster) -> None:
 
 async def test_a_full_database_refuses_writes_clearly_and_keeps_tenures(etcd_binary: str) -> None:
     args = [f"--quota-backend-bytes={QUOTA}"]
-    # etcd 3.5.1 refuses even a transaction that only deletes (a release); 3.4 takes it.
-    releases = etcd_version(etcd_binary).startswith("3.4.")
     with EtcdCluster(1, binary=etcd_binary, extra_args=args) as cluster:
         async with EtcdLeaseProvider(cluster.endpoints, timeout=2.0) as provider:
-            with contextlib.suppress(BackendFull) if not releases else contextlib.nullcontext():
+            try:
                 async with provider.hold("held", "alice", 1000) as lease:
                     await asyncio.to_thread(fill, cluster)
                     with pytest.raises(BackendFull, match="database is full") as refused:
@@ -48,7 +45,12 @@ async def test_a_full_database_refuses_writes_clearly_and_keeps_tenures(etcd_bin
                     await asyncio.sleep(2.0)  # twice the TTL: only answered keep-alives keep it
                     assert not lease.lost.is_set() and lease.remaining() > 0
                     assert await provider.get_lease_owner("held") == "alice"
-            assert await provider.get_lease_owner("held") == (None if releases else "alice")
+                released = True
+            except BackendFull:
+                # etcd 3.5.1 now and then refuses even a transaction that only deletes.
+                assert not etcd_version(etcd_binary).startswith("3.4.")
+                released = False
+            assert await provider.get_lease_owner("held") == (None if released else "alice")
 
             cluster.etcdctl("del", "--prefix", "filler/")
             cluster.compact()

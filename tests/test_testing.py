@@ -352,7 +352,9 @@ def test_leader_moved_and_history_compacted(etcd_binary: str) -> None:
         target = next(m for m in cluster.members if m is not leader)
         assert len({m.member_id() for m in cluster.members}) == 3
         cluster.move_leader(target)
-        assert cluster.leader() is target
+        deadline = time.monotonic() + 5  # the followers hear of it by the next heartbeat
+        while cluster.leader() is not target:
+            assert time.monotonic() < deadline
 
         cluster.etcdctl("put", "k", "1")
         before = target.revision()

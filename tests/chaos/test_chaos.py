@@ -1,11 +1,11 @@
 """The chaos run: workers in processes hold keys on a 3-member etcd while a nemesis
 kills, freezes and partitions members, freezes workers, and does what operators do
 (fills the backend to its quota, compacts, defragments, restarts every member, moves
-the leader); the checker then reads the history. Fails on any safety violation;
-prints its figures, per kind of fault too, either way.
+the leader, replaces a member on a new address); the checker then reads the history.
+Fails on any safety violation; prints its figures, per kind of fault too, either way.
 
 ``python -m pytest tests/chaos`` runs the CI run against every etcd found (each kind
-of fault at least once, about a minute and a half per etcd); ``CHAOS_SECONDS=600
+of fault at least once, under a minute per etcd); ``CHAOS_SECONDS=600
 python -m pytest tests/chaos -k soak`` runs a longer soak on each (skipped unless
 CHAOS_SECONDS is set); ``-k etcd3.4`` picks one etcd. Partitions need root and
 ``ip``; without them the run says so loudly, and fails if
