@@ -207,6 +207,7 @@ class Election:
         unreachable_since: float | None = None
         next_log_at = 0.0
         while not stop.is_set():
+            attempted_at = time.monotonic()
             campaign = asyncio.ensure_future(self.campaign())
             stopped = asyncio.ensure_future(stop.wait())
             try:
@@ -221,11 +222,13 @@ class Election:
             if isinstance(error := campaign.exception(), BackendUnavailable):
                 now = time.monotonic()
                 if unreachable_since is None:
-                    unreachable_since = now
+                    # Unanswered since this attempt began (a call waits out its timeout
+                    # before it fails), not since its failure was known.
+                    unreachable_since = attempted_at
                 if now >= next_log_at:  # the first failure, then every few seconds
                     next_log_at = now + _LOG_EVERY_S
                     _log.warning(
-                        "election %r: %r cannot campaign, etcd unreachable for %.1f s (%s)",
+                        "election %r: %r cannot campaign, etcd has not answered for %.1f s (%s)",
                         self.name,
                         self.candidate,
                         now - unreachable_since,

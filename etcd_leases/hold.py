@@ -97,13 +97,23 @@ class HeldLease:
         """
         check_owner(to_owner, "to_owner")
         self.check()
-        if not await self._provider.transfer_lease(
-            self.key, self.owner, to_owner, self.ttl_ms if ttl_ms is None else ttl_ms
-        ):
+        # Before the await: the key's watch may report the hand-off before the
+        # transaction's answer arrives, and it is no loss.
+        self._ended_by_holder = True
+        try:
+            moved = await self._provider.transfer_lease(
+                self.key, self.owner, to_owner, self.ttl_ms if ttl_ms is None else ttl_ms
+            )
+        except BaseException:
+            self._ended_by_holder = False
+            raise
+        if not moved:
+            self._ended_by_holder = False
             self._keeper.lose("lost before it could be transferred")
             self.check()
-        self._handed_on = self._ended_by_holder = True
+        self._handed_on = True
         self._keeper.lose(f"transferred to {to_owner!r}")
+        _log.info("%r handed %r (token %d) to %r", self.owner, self.key, self.token, to_owner)
 
     async def release_with(self, release: Callable[[], Awaitable[bool]]) -> bool:
         """End the tenure by ``release``, the caller's own atomic, fenced step that frees

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -61,6 +62,41 @@ def etcd_binary(request: pytest.FixtureRequest) -> str:
 def etcd(etcd_members: EtcdMembers, etcd_binary: str) -> EtcdCluster:
     """A running single-member etcd (shared; tests keep to their own prefix)."""
     return etcd_members.get(etcd_binary)
+
+
+async def eventually(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Wait until ``condition()`` holds (checked every 10 ms); fail after ``timeout`` s.
+
+    For what happens in another task or process a moment later: a wait on the
+    condition, not a sleep of a guessed length; the bound is a loaded machine's.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        await asyncio.sleep(0.01)
+
+
+async def settled(provider: EtcdLeaseProvider, timeout: float = 10.0) -> None:
+    """Wait until the provider's background work is done: pool refills, settlements of
+    interrupted calls, revokes (a wait on the tasks, not a sleep of a guessed length)."""
+    groups = (provider._background, provider._pool._background, provider._sessions._background)
+    deadline = time.monotonic() + timeout
+    while any(group._tasks for group in groups):
+        assert time.monotonic() < deadline, f"background work still running after {timeout} s"
+        for group in groups:
+            await group.wait(max(0.0, deadline - time.monotonic()))
+
+
+def process_state(pid: int) -> str:
+    """A Linux process's state letter (``/proc/PID/stat``): ``T`` once it is stopped."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+async def freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped, so a test's freeze is real."""
+    os.kill(pid, signal.SIGSTOP)
+    await eventually(lambda: process_state(pid) == "T", f"process {pid} stopped")
 
 
 def unique_prefix() -> str:

@@ -53,11 +53,19 @@ def test_contract_calls_and_their_exit_codes(etcd: EtcdCluster) -> None:
     )
     assert json_of(first) == {"key": "job:1", "owner": "bob"}
 
-    # Release is the contract's silent no-op for a non-owner.
-    assert run_cli("release", "job:1", "alice", env=env).returncode == 0
+    # Release is the contract's no-op for a non-owner, and says whether it released.
+    not_owner = run_cli("release", "job:1", "alice", env=env)
+    assert not_owner.returncode == 0
+    assert not_owner.stdout == "job:1: not held by alice; nothing to release\n"
     assert run_cli("owner", "job:1", env=env).stdout == "bob\n"
-    assert run_cli("release", "job:1", "bob", env=env).returncode == 0
+    released = run_cli("release", "job:1", "bob", "--json", env=env)
+    assert released.returncode == 0
+    assert json_of(released) == {"key": "job:1", "owner": "bob", "released": True}
     assert run_cli("owner", "job:1", env=env).returncode == 1
+    again = run_cli("release", "job:1", "bob", "--json", env=env)
+    assert json_of(again) == {"key": "job:1", "owner": "bob", "released": False}
+    assert run_cli("acquire", "job:1", "bob", env=env).returncode == 0
+    assert run_cli("release", "job:1", "bob", env=env).stdout == "job:1: released by bob\n"
 
 
 def test_list_shows_owner_token_and_ttl_left(etcd: EtcdCluster) -> None:

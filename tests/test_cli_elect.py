@@ -60,7 +60,7 @@ def test_only_the_leader_runs_the_command_and_sigterm_hands_over_at_once(
         # Well before the old leader's lease could have run out: it was given back.
         assert took < TTL_S
         assert next_term["token"] > term["token"]
-        assert leader.wait() == 0
+        assert leader.wait() == 128 + signal.SIGTERM  # as the exit-code table says
         assert not Path(f"/proc/{term['pid']}").exists()
         assert running_commands(followers) == {successor.process.pid: [next_term["pid"]]}
 
@@ -98,3 +98,19 @@ def test_metrics_of_a_running_elect(etcd: EtcdCluster) -> None:
         assert metrics["etcd_leases_leases_lost_total"] == 1
         assert metrics["etcd_leases_renewals_failed_total"] == 0
         assert metrics['etcd_leases_leader{election="jobs"}'] == 1
+
+
+def test_a_candidate_says_how_long_etcd_has_not_answered() -> None:
+    (port,) = free_ports(1)
+    env = cli_env()
+    env["ETCDCTL_ENDPOINTS"] = f"127.0.0.1:{port}"  # nothing listens there
+    args = ["elect", "e", "--command-timeout", "1s", "--ttl", "3s", "--", "sleep", "60"]
+    with running(args, env=env) as (elect,):
+        time.sleep(3)  # the first failed campaign, about 1 s, is logged at once
+        elect.signal(signal.SIGINT)
+        assert elect.wait() == 128 + signal.SIGINT
+        stderr = elect.stderr()
+    figures = [float(f) for f in re.findall(r"has not answered for ([0-9.]+) s", stderr)]
+    assert figures, stderr
+    # At least the attempt's own timeout, not the 0.0 s of when its failure was known.
+    assert figures[0] >= 0.9

@@ -111,6 +111,22 @@ async def test_run_recampaigns_after_a_loss(live: Live) -> None:
     assert "leader mallory" in events and events.count("leader alice") == 2
 
 
+async def test_run_raises_what_the_leaders_work_raised(live: Live) -> None:
+    """The work's exception ends run (and the term), it is not swallowed or retried."""
+    terms: list[int] = []
+    stopped: list[None] = []
+
+    async def lead(lease: HeldLease) -> None:
+        terms.append(lease.token)
+        raise RuntimeError("the work failed")
+
+    alice = Election(live.provider, "failing", "alice", 5000)
+    with pytest.raises(RuntimeError, match="the work failed"):
+        await asyncio.wait_for(alice.run(lead, lambda: stopped.append(None)), 10)
+    assert len(terms) == 1 and len(stopped) == 1
+    assert await alice.leader() is None  # the seat was given back
+
+
 async def test_a_candidate_whose_provider_closes_stops_waiting(live: Live) -> None:
     holder = Election(live.another(), "zombie", "holder", 10_000)
     await holder.campaign()

@@ -9,7 +9,7 @@ no false loss and no leaked lease.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
 
 import grpc
 import grpc.aio
@@ -21,7 +21,18 @@ from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from tests.conftest import assert_freed, assert_no_lease_leaked
 
-LoseAnswers = Callable[[int], None]
+
+class LoseAnswers:
+    """``lose_answers(n)``: the next ``n`` transactions apply, but their answers are
+    lost; ``lost`` counts the answers thrown away, so a test can tell its losses
+    happened (a call that sent fewer transactions would pass without them)."""
+
+    def __init__(self) -> None:
+        self.to_lose = 0
+        self.lost = 0
+
+    def __call__(self, count: int) -> None:
+        self.to_lose = count
 
 
 def lost_answer() -> grpc.aio.AioRpcError:
@@ -37,26 +48,23 @@ def lost_answer() -> grpc.aio.AioRpcError:
 
 @pytest.fixture
 def lose_answers(etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch) -> LoseAnswers:
-    """``lose_answers(n)``: the next ``n`` transactions apply, but their answers are lost."""
+    """See :class:`LoseAnswers`."""
     client: EtcdClient = etcd_provider.client
     original = client._attempt
-    to_lose = [0]
+    losses = LoseAnswers()
 
     async def attempt(
         index: int, path: str, request: Message, response_type: type[Message], deadline_s: float
     ) -> Message:
         response = await original(index, path, request, response_type, deadline_s)
-        if path.endswith("/Txn") and to_lose[0] > 0:
-            to_lose[0] -= 1
+        if path.endswith("/Txn") and losses.to_lose > 0:
+            losses.to_lose -= 1
+            losses.lost += 1
             raise lost_answer()
         return response
 
     monkeypatch.setattr(client, "_attempt", attempt)
-
-    def lose(count: int) -> None:
-        to_lose[0] = count
-
-    return lose
+    return losses
 
 
 async def lease_of(provider: EtcdLeaseProvider, key: str) -> int:
@@ -70,6 +78,7 @@ async def test_acquire(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswe
     before = set(await p.client.leases())
     lose_answers(2)
     result = await p.acquire_lease("k", "alice", 5000)
+    assert lose_answers.lost == 2
     kv = await p.client.range(p.etcd_key("k"))
     assert result.acquired and kv is not None and result.token == kv.mod_revision
     assert kv.version == 1  # created once
@@ -83,6 +92,7 @@ async def test_release(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswe
     lease = await lease_of(p, "k")
     lose_answers(1)
     await p.release_lease("k", "alice")
+    assert lose_answers.lost == 1
     assert await p.get_lease_owner("k") is None
     await assert_freed(p, lease, or_expiring=True)
 
@@ -95,6 +105,7 @@ async def test_renew_with_another_ttl(
     old = await lease_of(p, "k")
     lose_answers(1)
     assert await p.renew_lease("k", "alice", 8000)  # moves the tenure to a new lease
+    assert lose_answers.lost == 1
     new = await lease_of(p, "k")
     assert new != old and (await p.client.time_to_live(new)).grantedTTL == 8
     await assert_freed(p, old)
@@ -106,6 +117,7 @@ async def test_transfer(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnsw
     old = await lease_of(p, "k")
     lose_answers(2)
     assert await p.transfer_lease("k", "alice", "bob", 5000)
+    assert lose_answers.lost == 2
     assert await p.get_lease_owner("k") == "bob"
     await assert_freed(p, old)
     assert not await p.transfer_lease("k", "alice", "carol", 5000)
@@ -119,6 +131,7 @@ async def test_fenced_put(etcd_provider: EtcdLeaseProvider, lose_answers: LoseAn
     data = p.prefix + "data"
     lose_answers(2)
     assert await p.put_fenced("k", "alice", result.token, data, b"v1")
+    assert lose_answers.lost == 2
     kv = await p.client.range(data.encode())
     assert kv is not None and kv.value == b"v1" and kv.version == 1  # landed once
 
@@ -131,6 +144,7 @@ async def test_fenced_delete(etcd_provider: EtcdLeaseProvider, lose_answers: Los
     assert await p.put_fenced("k", "alice", result.token, data, b"v1")
     lose_answers(1)
     assert await p.delete_fenced("k", "alice", result.token, data)
+    assert lose_answers.lost == 1
     assert await p.get_value(data) is None
 
 
@@ -144,6 +158,7 @@ async def test_fenced_put_of_a_tenure_that_ended(
     data = p.prefix + "data"
     lose_answers(1)
     assert not await p.put_fenced("k", "alice", result.token, data, b"stale")
+    assert lose_answers.lost == 1
     assert await p.get_value(data) is None
 
 
@@ -185,6 +200,7 @@ async def test_release_if_empty(
     assert result.token is not None
     lose_answers(1)
     assert await p.inbox.release_if_empty("owner-of-thread", "alice", result.token, "thread")
+    assert lose_answers.lost == 1
     assert await p.get_lease_owner("owner-of-thread") is None
 
 
@@ -224,7 +240,10 @@ async def test_a_copy_refused_after_a_lost_answer_leaves_the_outcome_unknown(
     with pytest.raises(BackendUnavailable):
         await p.acquire_lease("k", "alice", 5000)
     monkeypatch.setattr(client, "_attempt", original)
+    assert txns[0] == 2  # the copy that landed, its answer lost; the copy refused
     assert pooled not in p._pool.free_lease_ids()
-    await asyncio.sleep(0.2)  # the background revoke
-    assert (await client.time_to_live(pooled)).TTL == -1
+    deadline = time.monotonic() + 10
+    while (await client.time_to_live(pooled)).TTL != -1:  # the background revoke
+        assert time.monotonic() < deadline, "the lease that may carry the key was not revoked"
+        await asyncio.sleep(0.02)
     assert await p.get_lease_owner("k") is None  # the key went with its lease

@@ -7,15 +7,23 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from etcd_leases import Election, EtcdLeaseProvider, HoldingProvider, ProviderClosed
+from etcd_leases import Election, EtcdLeaseProvider, HeldLease, HoldingProvider, ProviderClosed
 from etcd_leases.metrics import LeaseMetrics, MeteredProvider
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import Live, unique_prefix
+from tests.conftest import Live, eventually, unique_prefix
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """The sample's value; a metric that is not there fails (it is not a zero)."""
     found = registry.get_sample_value(name, labels)
-    return 0.0 if found is None else found
+    assert found is not None, f"no sample {name}{labels or ''} in the registry"
+    return found
+
+
+async def counted(registry: CollectorRegistry, name: str, expected: float) -> None:
+    """Wait until ``name`` reads ``expected``: the keeper counts a loss in its own
+    task, after ``lost`` is set."""
+    await eventually(lambda: value(registry, name) == expected, f"{name} == {expected}")
 
 
 async def test_hold_adopt_and_election_run_on_a_metered_provider(live: Live) -> None:
@@ -48,10 +56,6 @@ async def test_hold_adopt_and_election_run_on_a_metered_provider(live: Live) -> 
     assert not (await metered.acquire_lease("other", "alice", 5000)).acquired
     assert value(registry, calls, call="acquire", outcome="held") == 1
 
-    metrics = LeaseMetrics(registry=CollectorRegistry())
-    metrics.set_leading("reports", True)
-    assert metrics.leader.labels(election="reports")._value.get() == 1
-
 
 async def test_a_key_deleted_from_outside_counts_as_lost(etcd: EtcdCluster) -> None:
     registry = CollectorRegistry()
@@ -60,9 +64,8 @@ async def test_a_key_deleted_from_outside_counts_as_lost(etcd: EtcdCluster) -> N
         async with metered.hold("job", "alice", 10_000) as lease:
             etcd.etcdctl("del", provider.etcd_key("job").decode())
             await asyncio.wait_for(lease.lost.wait(), 5)
-            await asyncio.sleep(0)  # the keeper's watch counts the loss
+            await counted(registry, "etcd_leases_leases_lost_total", 1)
             assert value(registry, "etcd_leases_leases_held") == 0
-            assert value(registry, "etcd_leases_leases_lost_total") == 1
             assert value(registry, "etcd_leases_renewals_failed_total") == 0
 
 
@@ -77,8 +80,7 @@ async def test_a_frozen_etcd_counts_as_a_failed_renewal(etcd_binary: str) -> Non
                     await asyncio.wait_for(lease.lost.wait(), 5)
                 finally:
                     etcd.members[0].resume()
-                await asyncio.sleep(0)
-                assert value(registry, "etcd_leases_leases_lost_total") == 1
+                await counted(registry, "etcd_leases_leases_lost_total", 1)
                 assert value(registry, "etcd_leases_renewals_failed_total") == 1
 
 
@@ -91,3 +93,40 @@ async def test_errors_are_counted_by_kind(etcd: EtcdCluster) -> None:
         await metered.get_lease_owner("k")
     calls = "etcd_leases_calls_total"
     assert value(registry, calls, call="get_owner", outcome="ProviderClosed") == 1
+
+
+async def test_the_leader_gauge_set_from_election_run_follows_the_seat(live: Live) -> None:
+    """The documented recipe: set_leading from run's callbacks; the exported gauge reads
+    1 while this process leads, 0 once run reports the term over (the seat taken)."""
+    registry = CollectorRegistry()
+    metrics = LeaseMetrics(registry)
+    terms: asyncio.Queue[int] = asyncio.Queue()
+
+    async def lead(lease: HeldLease) -> None:
+        metrics.set_leading("reports", True)
+        terms.put_nowait(lease.token)
+        await asyncio.Event().wait()
+
+    election = Election(live.provider, "reports", "alice", 5000)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(
+        election.run(lead, lambda: metrics.set_leading("reports", False), stop=stop)
+    )
+    try:
+        first = await asyncio.wait_for(terms.get(), 5)
+        assert value(registry, "etcd_leases_leader", election="reports") == 1
+        other = live.another()
+        assert await other.transfer_lease("reports", "alice", "mallory", 60_000)
+        await eventually(
+            lambda: value(registry, "etcd_leases_leader", election="reports") == 0,
+            "the gauge reads 0 once the seat is taken",
+        )
+        await other.release_lease("reports", "mallory")
+        assert await asyncio.wait_for(terms.get(), 5) > first
+        assert value(registry, "etcd_leases_leader", election="reports") == 1
+        stop.set()
+        await asyncio.wait_for(runner, 5)
+        assert value(registry, "etcd_leases_leader", election="reports") == 0
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)

@@ -13,6 +13,7 @@ import pytest
 
 from etcd_leases import Election, EtcdLeaseProvider, HeldLease
 from etcd_leases.testing import EtcdCluster
+from tests.conftest import eventually
 
 
 async def test_leaving_a_hold_while_etcd_is_frozen_does_not_raise(
@@ -99,11 +100,14 @@ async def test_a_lost_lease_and_the_silence_before_are_logged(
             etcd.members[0].pause()
             try:
                 await asyncio.wait_for(lease.lost.wait(), 10)
-                await asyncio.sleep(0)  # the loss's log line
+                await eventually(  # the loss's log line, from the lease's own task
+                    lambda: any("'alice' lost 'job'" in r.getMessage() for r in caplog.records),
+                    "the loss logged",
+                )
             finally:
                 etcd.members[0].resume()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("no keep-alive answered for" in message for message in warnings), warnings
+    assert any("etcd has answered no keep-alive for" in message for message in warnings), warnings
     assert any(
         "'alice' lost 'job'" in message and "deadline passed" in message for message in warnings
     ), warnings

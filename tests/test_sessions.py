@@ -10,7 +10,7 @@ import pytest
 from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseHeld
 from etcd_leases.etcd.lease_ids import is_session_lease
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import unique_prefix
+from tests.conftest import settled, unique_prefix
 
 
 async def leases_of(provider: EtcdLeaseProvider, prefix: str) -> set[int]:
@@ -91,7 +91,7 @@ async def test_a_cancelled_hold_leaves_no_key_on_the_session(
         results = await asyncio.gather(attempt, return_exceptions=True)
         if isinstance(results[0], HeldLease):  # it finished before the cancel
             await results[0]._finish()
-    await asyncio.sleep(0.3)  # background settlement
+    await settled(etcd_provider)  # background settlement
     # A key left on the session would be held by nobody for as long as the process runs.
     assert await etcd_provider.client.range_prefix(etcd_provider.etcd_key("c")) == []
 

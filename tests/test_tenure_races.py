@@ -7,11 +7,15 @@ even while etcd has not deleted its key yet.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
 
 from etcd_leases import EtcdLeaseProvider
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+from etcd_leases.testing import EtcdCluster
+from tests.test_lost_answers import lease_of
 
 
 async def released_after(provider: EtcdLeaseProvider, key: str, trial: int) -> None:
@@ -105,3 +109,50 @@ async def test_a_call_racing_the_owner_moving_its_own_tenure_follows_it(
             # Either order: transferred first (alice's re-acquire then fails), or after
             # her move (then of her newer tenure); never refused while she holds it.
             assert transferred and await p.get_lease_owner(key) == "bob", f"trial {trial}"
+
+
+async def revoked(provider: EtcdLeaseProvider, lease_id: int) -> None:
+    """Wait until etcd has revoked ``lease_id`` (bounded)."""
+    deadline = time.monotonic() + 5
+    while (await provider.client.time_to_live(lease_id)).TTL != -1:
+        assert time.monotonic() < deadline, "the lease was not revoked"
+        await asyncio.sleep(0.01)
+
+
+async def reacquired(other: EtcdLeaseProvider) -> bool:
+    return (await other.acquire_lease("k", "alice", 8000)).acquired
+
+
+# alice moving her tenure to another TTL, in another process; whether it answered yes.
+MOVES: dict[str, Callable[[EtcdLeaseProvider], Awaitable[bool]]] = {
+    "re-acquire": reacquired,
+    "renew": lambda other: other.renew_lease("k", "alice", 8000),
+}
+
+
+@pytest.mark.parametrize("move", list(MOVES))
+async def test_a_transfer_follows_the_owner_moving_its_tenure_in_another_process(
+    etcd: EtcdCluster, etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch, move: str
+) -> None:
+    """Issue 19, violation A: alice holds the key throughout, yet her transfer answered
+    False. Between the transfer's read and its renewal of the lease it read, alice
+    re-acquires or renews with another TTL in another process, which moves her tenure
+    to a new lease and revokes the old one: the renewal finds that lease gone."""
+    p = etcd_provider
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=p.prefix, timeout=5) as elsewhere:
+        assert (await p.acquire_lease("k", "alice", 5000)).acquired
+        old = await lease_of(p, "k")
+        read = p.client.range
+        moved: list[bool] = []
+
+        async def read_then_moved(key: bytes) -> pb.KeyValue | None:
+            kv = await read(key)
+            if not moved:
+                moved.append(True)
+                assert await MOVES[move](elsewhere)
+                await revoked(p, old)
+            return kv
+
+        monkeypatch.setattr(p.client, "range", read_then_moved)
+        assert await p.transfer_lease("k", "alice", "bob", 5000)
+        assert moved and await p.get_lease_owner("k") == "bob"

@@ -28,7 +28,7 @@ from typing import Any
 from etcd_leases import EtcdLeaseProvider
 from etcd_leases.testing import EtcdCluster
 from etcd_leases.threads import InboxFull, Threads
-from tests.conftest import unique_prefix
+from tests.conftest import freeze, unique_prefix
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THREADS = [f"thread-{i}" for i in range(20)]
@@ -57,7 +57,9 @@ class Processes:
         self.everyone.append(child)
 
     def kill(self, name: str) -> None:
-        self.running.pop(name).kill()
+        child = self.running.pop(name)
+        child.kill()
+        assert child.wait(10) == -signal.SIGKILL, f"{name} was not killed"
         self.killed.add(name)
 
     def stop_all(self) -> None:
@@ -128,7 +130,7 @@ async def chaos(procs: Processes, until: asyncio.Event) -> None:
         else:
             victim = rng.choice([*workers, "serverless"])
             child = procs.running[victim]
-            os.kill(child.pid, signal.SIGSTOP)
+            await freeze(child.pid)
             procs.frozen.add(victim)
             await asyncio.sleep(2.5)  # past the 1 s TTL: its threads are taken over
             os.kill(child.pid, signal.SIGCONT)
@@ -164,6 +166,7 @@ async def test_no_message_lost_with_workers_killed_and_frozen(
             await wait_until_drained(provider, 60)
             history = read_history(tmp_path)
     took = time.monotonic() - started
+    assert procs.killed and procs.frozen, "the chaos ended before it killed and froze workers"
     check_history(history, sent, procs)
     handled = sum(record["ev"] == "handled" for record in history)
     failed = Counter(r["error"].split(":")[0] for r in history if r["ev"] == "run_failed")

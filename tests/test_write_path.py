@@ -17,7 +17,7 @@ import pytest
 from etcd_leases import EtcdLeaseProvider
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import unique_prefix
+from tests.conftest import settled, unique_prefix
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ async def warm(provider: EtcdLeaseProvider) -> None:
     for _ in range(2):
         await provider.acquire_lease("warm", "me", 5000)
         await provider.release_lease("warm", "me")
-    await asyncio.sleep(0.2)
+    await settled(provider)
 
 
 async def test_each_ownership_change_is_one_write(
@@ -59,7 +59,7 @@ async def test_each_ownership_change_is_one_write(
     await provider.acquire_lease("baton", "a", 5000)
     calls.clear()
     assert await provider.transfer_lease("baton", "a", "b", 5000)
-    await asyncio.sleep(0.2)  # the pool's refill, in the background
+    await settled(provider)  # the pool's refill, in the background
     # The transfer's one write is its Txn; taking the last free lease made the pool
     # grant one more, off the transfer's path; the old lease went back to the pool.
     assert calls == Counter(Range=1, Txn=1, LeaseGrant=1)
@@ -110,6 +110,7 @@ async def test_renewal_writes_nothing_and_opens_no_stream_per_call(
         # A re-acquire is a renewal too; its create attempt is the one Txn it sends.
         tokens.add((await provider.acquire_lease("k", "me", 5000)).token)
     # (Taking the pool's last free lease made it grant one ahead, in the background.)
+    await settled(provider)
     assert calls == Counter(Txn=20, LeaseGrant=1) and len(tokens) == 1
     assert streams["LeaseKeepAlive"] <= 1  # the shared stream, opened once at most
 
@@ -144,6 +145,7 @@ async def test_concurrent_takes_of_distinct_keys_each_get_a_lease(
         await asyncio.gather(*(provider.release_lease(f"r{round_}-{i}", "me") for i in range(64)))
         # The first round grants 64 leases; the second reuses them (and the pool
         # grants one ahead when its last free lease is taken); the third grants none.
+        await settled(provider)
         assert calls["LeaseGrant"] == [64, 1, 0][round_] and calls["LeaseRevoke"] == 0
 
 

@@ -1,8 +1,9 @@
 """The ``etcd-leases`` command: the lease contract, inspection and supervision from a shell.
 
-One module per group of commands (:mod:`contract`, :mod:`listing`, :mod:`run`,
-:mod:`elect`, :mod:`server`, :mod:`demo`); :mod:`options` holds the connection
-flags, :mod:`output` the text and ``--json`` output, :mod:`exits` the exit codes.
+One module per group of commands (:mod:`contract`, :mod:`listing`, :mod:`doctor`,
+:mod:`run`, :mod:`elect`, :mod:`server`, :mod:`demo`); :mod:`options` holds the
+shared flags, :mod:`connection` what they say about etcd, :mod:`output` the text and
+``--json`` output, :mod:`exits` the exit codes.
 """
 
 from __future__ import annotations
@@ -16,19 +17,22 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from etcd_leases.cli import contract, demo, elect, exits, listing, run, server
-from etcd_leases.cli.options import Commands, shared_flags
+from etcd_leases.cli import contract, demo, doctor, elect, exits, listing, run, server
+from etcd_leases.cli.options import DURATION_FLAGS, Commands, shared_flags
 from etcd_leases.cli.output import Output
 from etcd_leases.cli.supervise import split_command
+from etcd_leases.etcd import version
 
 _EPILOG = """exit codes: 0 yes/done, 1 no (held, not the owner, free), 2 usage,
-3 etcd unavailable, 4 permission denied, 5 other error; run and elect: the command's.
+3 etcd unavailable, 4 permission denied, 5 other error, 75 run: the lease was lost,
+128+N signal N; run and elect: the command's if it ended on its own.
 Connection flags may also be given as ETCDCTL_ENDPOINTS, ETCDCTL_CACERT, ETCDCTL_CERT,
-ETCDCTL_KEY, ETCDCTL_USER, ETCDCTL_COMMAND_TIMEOUT and ETCD_LEASES_PREFIX."""
+ETCDCTL_KEY, ETCDCTL_USER, ETCDCTL_PASSWORD, ETCDCTL_COMMAND_TIMEOUT,
+ETCDCTL_DIAL_TIMEOUT and ETCD_LEASES_PREFIX."""
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = exits.Parser(
         prog="etcd-leases",
         description="One owner per key, on etcd: leases, fencing tokens, leader election.",
         epilog=_EPILOG,
@@ -37,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     )
     top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = top.add_subparsers(metavar="COMMAND", required=True)
-    for group in (contract, listing, run, elect, server, demo):
+    for group in (contract, listing, doctor, run, elect, server, demo):
         group.add_commands(Commands(commands, shared_flags(in_command=True)))
     return top
 
@@ -56,11 +60,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if {"run", "elect"} & set(argv[: argv.index("--") if "--" in argv else None]):
         # Everything after "--" is the command, even words that look like our flags.
         argv, command = split_command(argv)
-    args = parser().parse_args(argv)
+    top = parser()
+    args, unexpected = top.parse_known_args(_negative_durations(argv))
+    if unexpected:
+        if getattr(args, "takes_command", False):
+            top.error(
+                f"unexpected {' '.join(unexpected)!r}: the command to run goes after --, "
+                f"e.g. etcd-leases run KEY -- CMD ARG..."
+            )
+        top.error(f"unrecognized arguments: {' '.join(unexpected)}")
     args.command = command
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    if not getattr(args, "long_lived", False):
+        # Known etcd bugs are for the log of a process that runs for a while, once;
+        # repeated by every short command they are noise. `doctor` shows them.
+        logging.getLogger(version.__name__).setLevel(logging.ERROR)
     # SIGTERM unwinds like Ctrl-C, so what a command started (etcd members, leases) is
     # cleaned up; run, elect and server handle both signals themselves.
     signal.signal(signal.SIGTERM, _terminated)
@@ -75,6 +91,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         return exits.fail(exc)
     return code
+
+
+def _negative_durations(argv: list[str]) -> list[str]:
+    """``--ttl -5s`` as ``--ttl=-5s``: argparse would take ``-5s`` for a flag, and
+    say only that ``--ttl`` wants a value, rather than that this one is negative."""
+    joined: list[str] = []
+    for word in argv:
+        if joined and joined[-1] in DURATION_FLAGS and word[:1] == "-" and word[1:2].isdigit():
+            joined[-1] = f"{joined[-1]}={word}"
+        else:
+            joined.append(word)
+    return joined
 
 
 def _terminated(signum: int, frame: object) -> None:

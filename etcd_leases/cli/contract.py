@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 
 from etcd_leases.cli import exits
-from etcd_leases.cli.options import Commands, open_provider, ttl_ms
+from etcd_leases.cli.connection import open_provider, within_command_timeout
+from etcd_leases.cli.options import Commands, ttl_ms
 from etcd_leases.cli.output import Output, escape
 
 
@@ -20,7 +21,7 @@ def add_commands(commands: Commands) -> None:
         ("acquire", _acquire, ("key", "owner"), "take KEY for OWNER if it is free (exit 1: held)"),
         ("owner", _owner, ("key",), "print who holds KEY (exit 1: nobody)"),
         ("renew", _renew, ("key", "owner"), "reset KEY's TTL if OWNER holds it (exit 1: not)"),
-        ("release", _release, ("key", "owner"), "free KEY if OWNER holds it (else nothing)"),
+        ("release", _release, ("key", "owner"), "free KEY if OWNER holds it (says if it did)"),
         (
             "transfer",
             _transfer,
@@ -37,7 +38,7 @@ def add_commands(commands: Commands) -> None:
 
 
 async def _acquire(args: argparse.Namespace, out: Output) -> int:
-    async with open_provider(args) as provider:
+    async with open_provider(args) as provider, within_command_timeout(provider, args):
         result = await provider.acquire_lease(args.key, args.owner, args.ttl)
     key = escape(args.key)
     if result.acquired:
@@ -58,7 +59,7 @@ async def _acquire(args: argparse.Namespace, out: Output) -> int:
 
 
 async def _owner(args: argparse.Namespace, out: Output) -> int:
-    async with open_provider(args) as provider:
+    async with open_provider(args) as provider, within_command_timeout(provider, args):
         owner = await provider.get_lease_owner(args.key)
     if owner is None and not out.as_json:
         out.note(f"{escape(args.key)}: nobody holds it")
@@ -68,7 +69,7 @@ async def _owner(args: argparse.Namespace, out: Output) -> int:
 
 
 async def _renew(args: argparse.Namespace, out: Output) -> int:
-    async with open_provider(args) as provider:
+    async with open_provider(args) as provider, within_command_timeout(provider, args):
         renewed = await provider.renew_lease(args.key, args.owner, args.ttl)
     text = f"{escape(args.key)}: " + ("renewed" if renewed else f"not held by {escape(args.owner)}")
     out.result(text, key=args.key, owner=args.owner, renewed=renewed)
@@ -76,15 +77,24 @@ async def _renew(args: argparse.Namespace, out: Output) -> int:
 
 
 async def _release(args: argparse.Namespace, out: Output) -> int:
-    async with open_provider(args) as provider:
-        await provider.release_lease(args.key, args.owner)
-    # The contract's release is silent: OWNER does not hold KEY now, whoever did before.
-    out.result(f"{escape(args.key)}: not held by {escape(args.owner)} now", key=args.key)
+    async with open_provider(args) as provider, within_command_timeout(provider, args):
+        # The contract's release is silent, so ask first: for anyone but the owner it
+        # would be a no-op anyway. Between the two calls the tenure can only end.
+        released = await provider.get_lease_owner(args.key) == args.owner
+        if released:
+            await provider.release_lease(args.key, args.owner)
+    key, owner = escape(args.key), escape(args.owner)
+    text = (
+        f"{key}: released by {owner}"
+        if released
+        else f"{key}: not held by {owner}; nothing to release"
+    )
+    out.result(text, key=args.key, owner=args.owner, released=released)
     return exits.OK
 
 
 async def _transfer(args: argparse.Namespace, out: Output) -> int:
-    async with open_provider(args) as provider:
+    async with open_provider(args) as provider, within_command_timeout(provider, args):
         moved = await provider.transfer_lease(args.key, args.from_owner, args.to_owner, args.ttl)
     key, to_owner = escape(args.key), escape(args.to_owner)
     text = (

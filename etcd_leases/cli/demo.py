@@ -7,23 +7,27 @@ it writes only under ``<prefix>/<random id>/`` (prefix ``/etcd-leases-demo/`` un
 
 In order: one owner per conversation thread, the others routed to it; a holder
 paused past its TTL, fenced out by the token of the worker that took over; an
-atomic hand-over; leader election, the leader crashing and a successor taking over
-after the TTL, then resigning and handing over at once; an etcd member (the raft
-leader) killed under a leader that keeps its lease.
+atomic hand-over; leader election, the leader's process killed (SIGKILL) and a
+successor taking over after the TTL, then resigning and handing over at once; an
+etcd member (the raft leader) killed under a leader that keeps its lease.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from etcd_leases.cli import exits
-from etcd_leases.cli.options import Commands, endpoints_given, open_provider
+from etcd_leases.cli.connection import connection_env, endpoints_given, open_provider
+from etcd_leases.cli.options import Commands
 from etcd_leases.cli.output import Output
 from etcd_leases.election import Election
 from etcd_leases.etcd.txn import prefix_end
@@ -42,7 +46,7 @@ _DEADLINE_S = 120
 
 def add_commands(commands: Commands) -> None:
     demo = commands.add_parser("demo", help="watch leases, fencing and election at work")
-    demo.set_defaults(handler=_demo)
+    demo.set_defaults(handler=_demo, long_lived=True)
 
 
 async def _demo(args: argparse.Namespace, out: Output) -> int:
@@ -177,7 +181,7 @@ class Demo:
     async def elect(self, workers: list[EtcdLeaseProvider]) -> None:
         self.out.heading("4. leader election: a crash, a resignation, an etcd member lost")
         terms: asyncio.Queue[tuple[str, float]] = asyncio.Queue()
-        stops = {name: asyncio.Event() for name in NAMES}
+        stops = {name: asyncio.Event() for name in NAMES[1:]}
 
         def lead_as(name: str) -> Callable[[HeldLease], Awaitable[None]]:
             async def lead(lease: HeldLease) -> None:
@@ -189,24 +193,42 @@ class Demo:
 
             return lead
 
-        runs = {
-            name: asyncio.create_task(
-                Election(w, "leader", name, TTL_MS).run(lead_as(name), stop=stops[name])
-            )
-            for w, name in zip(workers, NAMES, strict=True)
-        }
+        # The first leader campaigns from a process of its own, so that its crash is
+        # real: SIGKILL, nothing released, its lease left to expire.
+        first = NAMES[0]
+        crashing = await self.start_candidate(first)
+        runs: dict[str, asyncio.Task[None]] = {}
         try:
-            first, _ = await terms.get()
-            # As if its process died: connections drop, nothing is released.
+            leading = await self.first_leading(crashing)
+            self.say(
+                "leader",
+                f"{first} leads (token {leading['token']}), in process {crashing.pid}",
+                leader=first,
+                token=leading["token"],
+                pid=crashing.pid,
+            )
+            runs = {
+                name: asyncio.create_task(
+                    Election(w, "leader", name, TTL_MS).run(lead_as(name), stop=stops[name])
+                )
+                for w, name in zip(workers[1:], NAMES[1:], strict=True)
+            }
+            crashing.kill()
+            await crashing.wait()
             crashed_at = time.monotonic()
-            await workers[NAMES.index(first)].close()
-            runs.pop(first).cancel()
-            self.say("crash", f"{first} crashes; the others wait for its TTL", crashed=first)
+            self.say(
+                "crash",
+                f"{first}'s process {crashing.pid} is killed (SIGKILL): nothing is released; "
+                f"the others wait for its TTL",
+                crashed=first,
+                pid=crashing.pid,
+            )
             async with self.out.waiting(f"the others wait for {first}'s TTL"):
                 second, at = await terms.get()
             self.say(
                 "takeover",
-                f"{second} took over {at - crashed_at:.2f} s after the crash",
+                f"{second} took over {at - crashed_at:.2f} s after the crash, "
+                f"when etcd expired {first}'s lease",
                 leader=second,
                 seconds=at - crashed_at,
             )
@@ -223,9 +245,38 @@ class Demo:
             )
             await self.lose_member(workers[NAMES.index(third)], third)
         finally:
+            if crashing.returncode is None:
+                crashing.kill()
+                await crashing.wait()
             for run in runs.values():
                 run.cancel()
             await asyncio.gather(*runs.values(), return_exceptions=True)
+
+    async def start_candidate(self, name: str) -> asyncio.subprocess.Process:
+        """``etcd-leases elect leader --id NAME`` in a child process, on our connection."""
+        env = {**os.environ, **connection_env(self.args), "ETCD_LEASES_PREFIX": self.prefix}
+        if self.args.user is not None:
+            env["ETCDCTL_USER"] = self.args.user
+        if self.args.password is not None:
+            env["ETCDCTL_PASSWORD"] = self.args.password
+        sleep = [sys.executable, "-c", "import time; time.sleep(3600)"]
+        return await asyncio.create_subprocess_exec(
+            *[sys.executable, "-m", "etcd_leases", "elect", "leader", "--id", name],
+            *["--ttl", f"{TTL_MS}ms", "--json", "--log-level", "error", "--", *sleep],
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+
+    async def first_leading(self, candidate: asyncio.subprocess.Process) -> dict[str, Any]:
+        """The candidate's ``leading`` event, read from its ``--json`` output."""
+        assert candidate.stdout is not None and candidate.stderr is not None
+        async for line in candidate.stdout:
+            event: dict[str, Any] = json.loads(line)
+            if event["event"] == "leading":
+                return event
+        error = (await candidate.stderr.read()).decode(errors="replace").strip()
+        raise DemoFailed(f"the candidate process exited with {await candidate.wait()}: {error}")
 
     async def lose_member(self, provider: EtcdLeaseProvider, leader: str) -> None:
         if self.cluster is None:

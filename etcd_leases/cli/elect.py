@@ -5,16 +5,19 @@ leader runs the command with its fencing token in the environment. If leadership
 lost, the command gets SIGTERM (then SIGKILL after ``--grace``) and the replica
 campaigns again. On SIGTERM or SIGINT the leader stops its command and resigns at
 once, so a successor takes over without waiting for the TTL. ``elect`` exits with
-the command's code if the command ends on its own, 0 after a signal.
+the command's code if the command ends on its own, else 128+N after signal N (130
+on Ctrl-C, 143 on SIGTERM), as the table in :mod:`exits` says.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 
-from etcd_leases.cli import exits, supervise
-from etcd_leases.cli.options import Commands, connection_env, open_provider, ttl_ms
+from etcd_leases.cli import supervise
+from etcd_leases.cli.connection import connection_env, open_provider
+from etcd_leases.cli.options import Commands, ttl_ms
 from etcd_leases.cli.output import Output, escape
 from etcd_leases.election import Election
 from etcd_leases.hold import HeldLease
@@ -28,13 +31,13 @@ def add_commands(commands: Commands) -> None:
     )
     elect.add_argument("--ttl", type=ttl_ms, default=15_000, help="leadership lease TTL (15s)")
     supervise.add_supervision_flags(elect)
-    elect.set_defaults(handler=_elect)
+    elect.set_defaults(handler=_elect, long_lived=True, takes_command=True)
 
 
 async def _elect(args: argparse.Namespace, out: Output) -> int:
     command = supervise.command_of(args)
     candidate = args.id or supervise.default_owner()
-    exit_code = exits.OK
+    exit_code: int | None = None  # the command's, if it ends on its own
     with supervise.StopSignals() as stop:
         async with open_provider(args) as provider:
             holding, metrics = supervise.metered(provider, args)
@@ -77,4 +80,5 @@ async def _elect(args: argparse.Namespace, out: Output) -> int:
             set_leading(False)
             out.note(f"{escape(candidate)} campaigns for {escape(args.name)}")
             await election.run(lead, stopped_leading, new_leader, stop=stop.event)
-    return exit_code
+    # Otherwise run returned because a signal set the stop event.
+    return exit_code if exit_code is not None else 128 + (stop.signal or signal.SIGTERM)

@@ -8,15 +8,18 @@
 | 3 | etcd unavailable: no endpoint answered in time, or none had a leader |
 | 4 | permission denied by etcd (credentials or role) |
 | 5 | any other error from etcd or from etcd-leases itself |
+| 75 | ``run``: the lease was lost, so the command was stopped (sysexits' EX_TEMPFAIL) |
 | 128+N | interrupted by signal N (130: Ctrl-C, 143: SIGTERM) |
 
-``run`` and ``elect`` exit with their command's code once it ran (128+N when the
-command died of signal N, as shells report it).
+``run`` and ``elect`` exit with their command's code when it ended on its own (128+N
+when it died of signal N, as shells report it).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import NoReturn
 
 from etcd_leases.errors import (
     BackendUnavailable,
@@ -32,10 +35,18 @@ USAGE = 2
 UNAVAILABLE = 3
 PERMISSION = 4
 FAILED = 5
+LEASE_LOST = 75
 
 
 class UsageError(Exception):
     """A command line that cannot work; reported before anything is sent to etcd."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line naming what was wrong (not the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def code_for(exc: BaseException) -> int:

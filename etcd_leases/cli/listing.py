@@ -6,7 +6,8 @@ import argparse
 from contextlib import aclosing
 
 from etcd_leases.cli import exits
-from etcd_leases.cli.options import Commands, open_provider
+from etcd_leases.cli.connection import open_provider, within_command_timeout
+from etcd_leases.cli.options import Commands
 from etcd_leases.cli.output import Output, escape
 from etcd_leases.etcd.prefix import list_owners, watch_owners
 
@@ -18,11 +19,11 @@ def add_commands(commands: Commands) -> None:
 
     watch = commands.add_parser("watch", help="print the owners, then each change as it happens")
     watch.add_argument("key_prefix", nargs="?", default="", help="only keys starting so")
-    watch.set_defaults(handler=_watch)
+    watch.set_defaults(handler=_watch, long_lived=True)
 
 
 async def _list(args: argparse.Namespace, out: Output) -> int:
-    async with open_provider(args) as provider:
+    async with open_provider(args) as provider, within_command_timeout(provider, args):
         owners = await list_owners(provider.client, provider.etcd_key(""), args.key_prefix.encode())
     rows = [
         [

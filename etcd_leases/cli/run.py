@@ -4,19 +4,19 @@ The command starts once the lease is held (``--wait``: as soon as the key comes
 free), with the fencing token in its environment. If the lease is lost, the command
 gets SIGTERM, then SIGKILL after ``--grace``. When the command ends, or
 ``etcd-leases`` gets SIGTERM/SIGINT (passed on to the command), the lease is released.
-The exit code is the command's.
+The exit code is the command's, or 75 (``exits.LEASE_LOST``) if the lease was lost.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
 from contextlib import AsyncExitStack
 
 from etcd_leases.cli import exits, supervise
-from etcd_leases.cli.options import Commands, connection_env, duration, open_provider, ttl_ms
+from etcd_leases.cli.connection import connection_env, open_provider, within_command_timeout
+from etcd_leases.cli.options import Commands, duration, ttl_ms
 from etcd_leases.cli.output import Output, escape
 from etcd_leases.errors import LeaseHeld
 from etcd_leases.hold import HeldLease, hold
@@ -36,7 +36,7 @@ def add_commands(commands: Commands) -> None:
         help="wait for the key if it is held (for ever, or this long)",
     )
     supervise.add_supervision_flags(run)
-    run.set_defaults(handler=_run)
+    run.set_defaults(handler=_run, long_lived=True, takes_command=True)
 
 
 async def _run(args: argparse.Namespace, out: Output) -> int:
@@ -50,11 +50,16 @@ async def _run(args: argparse.Namespace, out: Output) -> int:
                 out.note(f"waiting for {escape(args.key)}, held by {escape(holder)}")
             wait: bool | float = True if args.wait < 0 else args.wait
             held = hold(holding, args.key, owner, args.ttl, wait=wait)
+            # Taking the lease is bounded by --command-timeout, unless told to wait.
+            bounded = within_command_timeout(provider, args)
             try:
                 entering = asyncio.ensure_future(stack.enter_async_context(held))
                 waiting = out.waiting(f"waiting for {escape(args.key)}")
-                async with waiting if args.wait != 0 else contextlib.nullcontext():
-                    lease = await supervise.until_stopped(stop.event, entering)
+                async with waiting if args.wait != 0 else bounded:
+                    try:
+                        lease = await supervise.until_stopped(stop.event, entering)
+                    finally:
+                        entering.cancel()  # out of time: not taken after all
             except LeaseHeld as exc:
                 text = f"{escape(args.key)}: held by {escape(exc.holder or '?')}"
                 out.result(text, key=args.key, acquired=False, owner=exc.holder)
@@ -90,14 +95,16 @@ async def _supervise(
     finally:
         for task in others:
             task.cancel()
-    if not exited.done():
-        if lease.lost.is_set():
-            reason = lease.lost_reason or "its TTL ran out"
-            text = f"lost {escape(lease.key)} ({reason}); stopping the command"
-            out.event("lost", text, key=lease.key, reason=reason)
-            await child.stop(grace)
-        else:
-            await child.stop(grace, stop.signal or signal.SIGTERM)
+    stopped_for_loss = not exited.done() and lease.lost.is_set()
+    if stopped_for_loss:
+        reason = lease.lost_reason or "its TTL ran out"
+        text = f"lost {escape(lease.key)} ({reason}); stopping the command"
+        out.event("lost", text, key=lease.key, reason=reason)
+        await child.stop(grace)
+    elif not exited.done():
+        await child.stop(grace, stop.signal or signal.SIGTERM)
     code = await exited
     out.event("exited", f"the command exited with {code}", code=code)
-    return code
+    # Not the command's code after a loss: a supervisor must tell a lost lease from a
+    # failed command.
+    return exits.LEASE_LOST if stopped_for_loss else code

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from etcd_leases.cli.exits import UsageError, signal_code
-from etcd_leases.cli.options import duration
+from etcd_leases.cli.options import duration, port
 from etcd_leases.cli.output import Output
 from etcd_leases.contract import HoldingProvider
 from etcd_leases.hold import HeldLease
@@ -38,7 +38,7 @@ def add_supervision_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grace", type=duration, default=10.0, help="SIGTERM to SIGKILL, when stopping CMD (10s)"
     )
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-port", type=port, help="serve Prometheus metrics on this port")
     parser.add_argument(
         "--metrics-address", default="127.0.0.1", help="address to serve metrics on (127.0.0.1)"
     )
@@ -84,7 +84,13 @@ def metered(
         raise UsageError(
             "--metrics-port needs prometheus-client: pip install 'etcd-leases[metrics]'"
         ) from None
-    prometheus_client.start_http_server(args.metrics_port, args.metrics_address)
+    try:
+        prometheus_client.start_http_server(args.metrics_port, args.metrics_address)
+    except OSError as exc:  # in use, or an address not of this host
+        where = f"{args.metrics_address}:{args.metrics_port}"
+        raise UsageError(
+            f"--metrics-port {args.metrics_port}: cannot serve on {where}: {exc.strerror or exc}"
+        ) from None
     wrapped = MeteredProvider(provider)
     return wrapped, wrapped.metrics
 

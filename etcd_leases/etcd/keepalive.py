@@ -294,8 +294,8 @@ class KeepAliveLoop:
         if self._kept and not self._silence_logged and silence > interval:
             self._silence_logged = True
             _log.warning(
-                "no keep-alive answered for %.1f s, more than a renewal interval; "
-                "%d leases at risk (last stream ended: %s)",
+                "etcd has answered no keep-alive for %.1f s, more than a renewal interval; "
+                "%d lease(s) at risk (the last streams ended: %s)",
                 silence,
                 len(self._kept),
                 reason,
@@ -351,7 +351,7 @@ class KeepAliveLoop:
                 next_check = min(next_check, stream.progress_at + limit)
             else:
                 silent = now - stream.progress_at
-                stream.end(f"no keep-alive answered for {silent:.2f} s", failed=True)
+                stream.end(f"a stream went {silent:.2f} s without an answer", failed=True)
         return next_check
 
     # The streams' callbacks.

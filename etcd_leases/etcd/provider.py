@@ -8,7 +8,8 @@ The invariants (see the README's "How it maps onto etcd"):
 2. Every ownership change is one compare-and-swap transaction.
 3. Reads that decide ownership are linearizable.
 4. No lease leaks: a lease without a key goes back to its pool, or is revoked.
-5. A write whose outcome is unknown is settled by sending the same transaction again.
+5. A write whose outcome is unknown is settled by sending the same transaction again,
+   and, when that copy fails, from the key's history since the call began.
 6. The fencing token is the key's ``mod_revision``.
 7. The key's value is the owner, UTF-8, under ``prefix``.
 """
@@ -41,6 +42,7 @@ from etcd_leases.errors import (
 )
 from etcd_leases.etcd.batch import TxnBatcher
 from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.history import put_landed
 from etcd_leases.etcd.keepalive import KeepAliveLoop, Renewal
 from etcd_leases.etcd.keeper import EtcdKeeper, owner_of
 from etcd_leases.etcd.kept_lease import KeptLease
@@ -76,9 +78,10 @@ class Tenure:
 
 @dataclass(frozen=True)
 class Attached:
-    """What a put under a lease of our own found: the key after it (``kv``), and the
-    tenure it began (``None`` when the put did not land, or its lease died)."""
+    """What a put under a lease of our own did: whether it landed, the key after it
+    (``kv``), and the tenure it began (``None`` when it did not land, or its lease died)."""
 
+    landed: bool
     kv: pb.KeyValue | None
     tenure: Tenure | None
 
@@ -152,6 +155,9 @@ class EtcdBackend:
         # Transactions that arrive together share one consensus round.
         self._batcher = TxnBatcher(self._client)
         self._background = BackgroundTasks()
+        # The highest store revision etcd's answers have shown: a write sent later lands
+        # after it, and a lease given back was freed by a write at or before it.
+        self._revision_seen = 0
 
     @classmethod
     def from_env(cls, **overrides: object) -> Self:
@@ -218,6 +224,11 @@ class EtcdBackend:
         check_lease_call(key, owner, ttl_ms)
         self._client.check_open()
         etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
+        if not self._revision_seen:
+            # A lost answer is settled from the history after a revision seen before
+            # sending: learn one, rather than read from the start (maybe compacted).
+            revision = (await self._client.range_at(etcd_key))[1]
+            self._revision_seen = max(self._revision_seen, revision)
         started = time.monotonic()
         while True:
             grant = await self._pool.take(self._ttl_s(ttl_ms))
@@ -228,6 +239,8 @@ class EtcdBackend:
                 grant,
                 started,
             )
+            if created is None:
+                continue  # the lease was gone before the put: nothing happened
             if created.tenure is not None:
                 return AcquireResult(True, owner, created.tenure.token, created.tenure.ttl_ms)
             kv = created.kv
@@ -277,8 +290,11 @@ class EtcdBackend:
             # under mass expiry): meanwhile the key still reads as held. A keep-alive
             # answers 0 for an expired lease (after waiting for its revoke) and else
             # makes it last a full TTL more, so it cannot expire before the move.
+            # A lease gone may also mean the owner moved its tenure since the read (a
+            # re-acquire with another TTL, in any process, revokes the lease it left):
+            # the next read tells, as a failed move does.
             if kv.lease and not await self._renew(kv.lease):
-                return False
+                continue
             if await self._move(etcd_key, kv, to_owner.encode("utf-8"), ttl_ms, started):
                 return True
         return False
@@ -524,7 +540,9 @@ class EtcdBackend:
         """
         for attempt in range(_CAS_ATTEMPTS):
             try:
-                return await self._batcher.txn(txn.request), attempt > 0
+                response = await self._batcher.txn(txn.request)
+                self._revision_seen = max(self._revision_seen, response.header.revision)
+                return response, attempt > 0
             except BackendUnavailable:
                 if attempt == _CAS_ATTEMPTS - 1:
                     raise
@@ -586,18 +604,23 @@ class EtcdBackend:
         return ttl_s
 
     async def _attach(
-        self, txn: Txn, grant: Grant, started: float, *, replaces: int | None = None
-    ) -> Attached:
-        """Run ``txn``, which puts a key under ``grant``'s lease if its compares hold.
+        self, txn: Txn, grant: Grant, started: float, *, replaces: pb.KeyValue | None = None
+    ) -> Attached | None:
+        """Run ``txn``, which puts a key under ``grant``'s lease if its compares hold;
+        ``None`` if etcd no longer had that lease: nothing happened, take another.
 
         A pooled lease may have less than its TTL left: it is renewed alongside the
         transaction (a keep-alive, not a write), so the TTL promised from ``started``
         never outlasts etcd's. A lease of ours that did not end up on the key goes
         back to the pool; one that died under the key is cleared up (its tenure never
-        began). ``replaces`` is the lease of the tenure a move replaces (``None`` for
-        a create): an interrupted create is undone, an interrupted move is settled in
-        the background and keeps whichever tenure it left, so the key is never free.
+        began). ``replaces`` is the key as a move read it (``None`` for a create): an
+        interrupted create is undone, an interrupted move is settled in the background
+        and keeps whichever tenure it left, so the key is never free. When a copy sent
+        after a lost answer fails, the key's history tells whether an earlier one landed.
         """
+        # Only a change after this revision can be ours: a move compares the revision
+        # it read, and a create lands after every answer seen before it is sent.
+        after = self._revision_seen if replaces is None else replaces.mod_revision
         renewal = None
         if grant.valid_until < started + grant.ttl_s:
             renewal = self._renewals.request_renewal(grant.lease_id)
@@ -610,12 +633,12 @@ class EtcdBackend:
                 renewal.cancel()
             if isinstance(exc, BackendError) and self._client.is_lease_not_found(exc):
                 self._pool.forget(grant.lease_id)
-                return Attached(None, None)  # it expired before the put: nothing landed
+                return None
             if isinstance(exc, BackendError | PermissionDenied):
                 self._pool.put_back(grant)  # refused: nothing landed
                 raise
             if replaces is not None:
-                self._background.start(self._settle_move(txn, grant, replaces))
+                self._background.start(self._settle_move(txn, grant, replaces.lease))
                 raise
             # The put may have landed under it: revoking the lease, which carries at
             # most this attempt, ends that tenure before anyone relies on it.
@@ -624,13 +647,31 @@ class EtcdBackend:
             raise
         self._pool.settled(grant.lease_id, answers_lost=answers_lost)
         if kv is None or kv.lease != grant.lease_id:
-            self.lease_freed(grant.lease_id)
-            return Attached(kv, None)
+            landed = None
+            try:
+                if answers_lost:  # the last copy failed: did an earlier one land?
+                    put = txn.request.success[0].request_put
+                    landed = await put_landed(
+                        self._watches,
+                        put.key,
+                        put.value,
+                        grant.lease_id,
+                        after=after,
+                        # Up to the change the last copy found; none found (the key
+                        # went), then its first change since the move's read.
+                        until=after + 1 if kv is None else kv.mod_revision,
+                        timeout=self._client.timeout,
+                    )
+            finally:
+                self.lease_freed(grant.lease_id)  # the key is not on it (any more)
+            if landed is None:
+                return Attached(False, kv, None)
+            return Attached(True, kv, Tenure(landed, grant.ttl_s * 1000))
         if not alive:
             self._pool.forget(grant.lease_id)
             await self._cas(Txn.when(mod_revision_is(kv.key, kv.mod_revision)).then(delete(kv.key)))
-            return Attached(kv, None)
-        return Attached(kv, Tenure(kv.mod_revision, grant.ttl_s * 1000))
+            return Attached(True, kv, None)
+        return Attached(True, kv, Tenure(kv.mod_revision, grant.ttl_s * 1000))
 
     async def _settle_move(self, txn: Txn, grant: Grant, replaced: int) -> None:
         """Learn whether an interrupted move landed (a copy lands at most once)."""
@@ -652,8 +693,9 @@ class EtcdBackend:
         When etcd's answer is lost, the same transaction is sent again rather than
         the key re-read (invariant 5): a read may overtake a transaction still in
         flight, while the copies, which put the same value under the same lease and
-        compare the same thing, land at most once between them; the answer to the
-        last copy tells whether one did (our lease is on the key) or not.
+        compare the same thing, land at most once between them. Our lease on the key
+        after the last copy says one did; a failed last copy says nothing of the
+        earlier ones (another client may have changed the key since one landed).
         """
         response, _ = await self._send_copies(txn)
         return first_kv(response)
@@ -692,15 +734,20 @@ class EtcdBackend:
     ) -> Tenure | None:
         """Put ``value`` on the key under a lease of its own (``grant``, taken from the
         pool if not given) if ``kv`` still holds it."""
-        grant = grant or await self._pool.take(self._ttl_s(ttl_ms))
-        moved = await self._attach(
-            Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
-            .then(put(etcd_key, value, grant.lease_id), get(etcd_key))
-            .otherwise(get(etcd_key)),
-            grant,
-            started,
-            replaces=kv.lease,
-        )
-        if moved.kv is not None and moved.kv.lease == grant.lease_id:
-            self.lease_freed(kv.lease)  # the old tenure's, now without its key
-        return moved.tenure
+        while True:
+            grant = grant or await self._pool.take(self._ttl_s(ttl_ms))
+            moved = await self._attach(
+                Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
+                .then(put(etcd_key, value, grant.lease_id), get(etcd_key))
+                .otherwise(get(etcd_key)),
+                grant,
+                started,
+                replaces=kv,
+            )
+            if moved is not None:
+                if moved.landed:
+                    self.lease_freed(kv.lease)  # the old tenure's, now without its key
+                return moved.tenure
+            # etcd dropped the lease early (a stalled leader, a frozen process): the
+            # key is unchanged, and a failed move would read as a lost tenure.
+            grant = None

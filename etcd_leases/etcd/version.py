@@ -32,14 +32,24 @@ def has_bug_15247(version: str) -> bool:
     return fixed is None or parsed < fixed
 
 
+BUG_15247 = (
+    "etcd bug 15247: after its leader stalls and resumes, it may delete held keys before "
+    "their TTL ran out (holders hear of it from the key's watch at once; fencing tokens "
+    "keep writes safe). Fixed in etcd 3.4.31, 3.5.13 and 3.6.0."
+)
+
+# Versions already warned of: once per process is enough to be found in its log, and
+# a process with several providers (or connections) would otherwise repeat it.
+_warned: set[str] = set()
+
+
+def known_bugs(version: str) -> list[str]:
+    """What the etcd ``version`` is known to get wrong that changes our guarantees."""
+    return [BUG_15247] if has_bug_15247(version) else []
+
+
 def warn_if_affected(version: str, endpoint: str) -> None:
-    """Log the warning a user of an affected etcd needs, once per connection."""
-    if has_bug_15247(version):
-        _log.warning(
-            "etcd %s at %s has etcd bug 15247: after its leader stalls and resumes, it may "
-            "delete held keys before their TTL ran out (holders hear of it from the key's "
-            "watch at once; fencing tokens keep writes safe). Fixed in etcd 3.4.31, "
-            "3.5.13 and 3.6.0.",
-            version,
-            endpoint,
-        )
+    """Log the warning a user of an affected etcd needs, once per process and version."""
+    if has_bug_15247(version) and version not in _warned:
+        _warned.add(version)
+        _log.warning("etcd %s at %s has %s", version, endpoint, BUG_15247)

@@ -468,6 +468,20 @@ def _wait_for_proc_state(pid: int, *, stopped: bool, timeout: float = 1.0) -> No
         time.sleep(0.002)
 
 
+def start_members(members: Sequence[EtcdMember], timeout: float = DEFAULT_START_TIMEOUT) -> None:
+    """Start the members of one cluster together (raft needs a quorum before any is
+    healthy) and wait until all are; on failure they are killed again."""
+    try:
+        for member in members:
+            member._spawn()
+        _wait_ready(members, timeout)
+    except BaseException:
+        for member in members:
+            with contextlib.suppress(Exception):
+                member.kill()
+        raise
+
+
 def _wait_ready(members: Sequence[EtcdMember], timeout: float) -> None:
     """Wait until every member is healthy; fail fast if one exits."""
     deadline = time.monotonic() + timeout

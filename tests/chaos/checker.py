@@ -15,7 +15,8 @@ Records (``op`` field), all with ``worker``, ``key`` and ``token`` where they ap
 - ``lost``: the holder saw its tenure end: ``at``, ``reason``, ``deadline`` (what its
   own clock still promised, from the last ``remaining()`` reading).
 
-The register outside etcd logs what it accepted (``ext_log``: key, token, at), the
+The register outside etcd logs what it decided (``ext_log``: key, token, worker,
+accepted, at), the
 nemesis what it did (``faults``: kind, start, heal, ``leader`` when the leader was hit).
 """
 
@@ -201,22 +202,51 @@ def check_etcd_register(
     )
 
 
-def check_ext_register(ext_log: Sequence[Record], report: Report) -> None:
-    """The register outside etcd must never accept a token lower than one it accepted."""
-    highest: dict[str, int] = {}
-    for entry in ext_log:
-        if not entry["accepted"]:
-            continue
-        key, token = entry["key"], entry["token"]
-        if token < highest.get(key, 0):
+def check_ext_register(
+    records: Sequence[Record], ext_log: Sequence[Record], report: Report
+) -> None:
+    """What the register outside etcd accepted against the tokens the library granted.
+
+    The register accepts a token equal to the highest it saw, so it cannot tell two
+    holders apart if the library gave them one token; and it refuses a holder whose
+    token the library made lower than one already in use. Both are the library's
+    faults: a token is one tenure, and tokens only grow.
+    """
+    accepted = sorted((e for e in ext_log if e["accepted"]), key=lambda e: e["at"])
+    writers: dict[tuple[str, int], set[str]] = defaultdict(set)
+    by_key: dict[str, list[Record]] = defaultdict(list)
+    for entry in accepted:
+        writers[entry["key"], entry["token"]].add(entry["worker"])
+        by_key[entry["key"]].append(entry)
+    for (key, token), workers in writers.items():
+        if len(workers) > 1:
             report.violations.append(
                 Finding(
-                    "write accepted out of token order",
+                    "one token, two holders",
                     key,
-                    f"outside register accepted token {token} after {highest[key]}",
+                    f"outside register accepted token {token} from {', '.join(sorted(workers))}",
                 )
             )
-        highest[key] = max(highest.get(key, 0), token)
+    times = {key: [e["at"] for e in entries] for key, entries in by_key.items()}
+    highest = {
+        key: list(itertools.accumulate((e["token"] for e in entries), max))
+        for key, entries in by_key.items()
+    }
+    for record in records:
+        if record["op"] != "acquire" or record["outcome"] != "ok":
+            continue
+        key, token = record["key"], record["token"]
+        before = bisect.bisect_left(times.get(key, []), record["start"])
+        if before and highest[key][before - 1] > token:
+            report.violations.append(
+                Finding(
+                    "token lower than one in use",
+                    key,
+                    f"{record['worker']} acquired token {token} in a call begun at "
+                    f"{record['start']:.3f}, after the outside register had accepted "
+                    f"token {highest[key][before - 1]}",
+                )
+            )
 
 
 def _check_order(
@@ -290,7 +320,7 @@ def check(
     check_overlaps(tenures.values(), faults, etcd_version, report)
     check_early_deletions(tenures.values(), faults, etcd_version, report)
     check_etcd_register(records, tenures, report)
-    check_ext_register(ext_log, report)
+    check_ext_register(records, ext_log, report)
     check_acknowledged_ends(records, report)
     if leases_left:
         report.violations.append(

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
 import shutil
 import subprocess
+
+_instances = itertools.count()
 
 
 class PartitionsUnsupported(RuntimeError):
@@ -28,7 +31,9 @@ def _ip(*args: str) -> None:
 
 class Partitions:
     def __init__(self, size: int) -> None:
-        tag = os.getpid() % 100_000
+        # Another instance of this process may not be gone yet: the kernel deletes the
+        # links of a deleted namespace in the background. Hence a count as well.
+        tag = (os.getpid() * 10 + next(_instances)) % 100_000
         self.size = size
         self.bridge = f"elb{tag}"
         self.namespaces = [f"etcd-leases-{tag}-{i}" for i in range(size)]

@@ -73,8 +73,9 @@ def lost(worker: str, token: int, at: float, reason: str, deadline: float) -> Re
     }
 
 
-def ext(token: int, accepted: bool = True) -> Record:
-    return {"key": "k", "token": token, "accepted": accepted}
+def ext(worker: str, token: int, at: float, accepted: bool = True) -> Record:
+    """A decision of the register outside etcd, as it logs them."""
+    return {"key": "k", "token": token, "worker": worker, "accepted": accepted, "at": at}
 
 
 CLEAN: list[Record] = [
@@ -90,7 +91,7 @@ CLEAN: list[Record] = [
     *ended("transfer", "b", 12, 1.8, "b-heir", to="b-heir"),
     lost("b", 12, 1.8, "transferred to 'b-heir'", 3.5),
 ]
-CLEAN_EXT = [ext(10), ext(12), ext(10, accepted=False)]
+CLEAN_EXT = [ext("a", 10, 1.205), ext("b", 12, 1.605), ext("a", 10, 1.705, accepted=False)]
 FAULTS = [{"kind": "kill_leader", "start": 0.2, "heal": 0.5}]
 
 
@@ -129,9 +130,28 @@ def test_etcd_write_from_a_superseded_tenure() -> None:
     assert kinds(report) == {"write from a superseded tenure", "write accepted out of token order"}
 
 
-def test_outside_register_accepting_out_of_order() -> None:
-    report = run(CLEAN, ext_log=[ext(10), ext(12), ext(10)])
-    assert kinds(report) == {"write accepted out of token order"}
+def test_one_token_granted_to_two_holders() -> None:
+    # The library gave b the token a still held: the register accepts both (equal).
+    records = [acquire("a", 10, 1.0), write("ext_write", "a", 10, 1.1)]
+    records += [acquire("b", 10, 1.2), write("ext_write", "b", 10, 1.3)]
+    records += [write("ext_write", "a", 10, 1.4)]
+    ext_log = [ext("a", 10, 1.105), ext("b", 10, 1.305), ext("a", 10, 1.405)]
+    report = run(records, ext_log=ext_log)
+    assert kinds(report) == {"one token, two holders"}
+    assert "accepted token 10 from a, b" in report.violations[0].detail
+
+
+def test_a_token_lower_than_one_in_use() -> None:
+    # b's acquire began after the register had accepted a's 12, and got 11.
+    records = [acquire("a", 12, 1.0), write("ext_write", "a", 12, 1.1)]
+    records += [*ended("release", "a", 12, 1.3, None), acquire("b", 11, 1.5)]
+    records += [write("ext_write", "b", 11, 1.6, ok=False)]
+    ext_log = [ext("a", 12, 1.105), ext("b", 11, 1.605, accepted=False)]
+    report = run(records, ext_log=ext_log)
+    assert kinds(report) == {"token lower than one in use"}
+    # Had b's acquire begun before the register accepted 12, its 11 could be older.
+    records[4] = acquire("b", 11, 1.1)
+    assert kinds(run(records, ext_log=ext_log)) == set()
 
 
 def test_release_and_transfer_not_reflected() -> None:
@@ -195,7 +215,7 @@ def test_a_tenure_acquired_again_by_its_holder_is_one_tenure() -> None:
         acquire("b", 12, 3.8),
         write("ext_write", "b", 12, 3.9),
     ]
-    report = run(records, ext_log=[ext(10), ext(10), ext(12)])
+    report = run(records, ext_log=[ext("a", 10, 1.105), ext("a", 10, 3.605), ext("b", 12, 3.905)])
     assert report.violations == []
     assert report.figures["tenures"] == 2
 
