@@ -19,7 +19,15 @@ from etcd_leases.errors import (
 
 __all__ = ["details", "is_invalid_token", "is_member_failure", "is_no_leader", "to_lease_error"]
 
-_NO_LEADER = ("no leader", "leader changed", "not capable", "request timed out")
+# "raft proposal dropped": the leader was handing over (MoveLeader, a graceful stop) and
+# dropped the write unapplied.
+_NO_LEADER = (
+    "no leader",
+    "leader changed",
+    "not capable",
+    "request timed out",
+    "raft proposal dropped",
+)
 _INVALID_TOKEN = "invalid auth token"
 _AUTH_FAILED = ("authentication failed", "user name is empty", "permission denied")
 _NO_SPACE = "database space exceeded"
