@@ -29,3 +29,10 @@ def test_a_write_dropped_while_the_leader_hands_over_is_tried_again() -> None:
     dropped = etcd_error(grpc.StatusCode.UNKNOWN, "raft proposal dropped")
     assert is_member_failure(dropped)
     assert isinstance(to_lease_error(dropped), BackendUnavailable)
+
+
+def test_a_write_the_member_stopped_waiting_for_is_an_answer_lost() -> None:
+    # Seen during a partition of the leader: it may still land, as after a lost answer.
+    timed_out = etcd_error(grpc.StatusCode.UNKNOWN, "context deadline exceeded")
+    assert is_member_failure(timed_out)
+    assert isinstance(to_lease_error(timed_out), BackendUnavailable)

@@ -20,13 +20,15 @@ from etcd_leases.errors import (
 __all__ = ["details", "is_invalid_token", "is_member_failure", "is_no_leader", "to_lease_error"]
 
 # "raft proposal dropped": the leader was handing over (MoveLeader, a graceful stop) and
-# dropped the write unapplied.
+# dropped the write unapplied. "context deadline exceeded" (code UNKNOWN): the member's
+# own wait for the write ran out, as "request timed out" says; it may still land.
 _NO_LEADER = (
     "no leader",
     "leader changed",
     "not capable",
     "request timed out",
     "raft proposal dropped",
+    "context deadline exceeded",
 )
 _INVALID_TOKEN = "invalid auth token"
 _AUTH_FAILED = ("authentication failed", "user name is empty", "permission denied")
