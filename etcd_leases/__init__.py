@@ -13,6 +13,7 @@ from etcd_leases.contract import (
 from etcd_leases.election import Election
 from etcd_leases.errors import (
     BackendError,
+    BackendFull,
     BackendUnavailable,
     LeaseError,
     LeaseHeld,
@@ -32,6 +33,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 __all__ = [
     "AcquireResult",
     "BackendError",
+    "BackendFull",
     "BackendUnavailable",
     "Election",
     "EtcdLeaseProvider",

@@ -35,6 +35,12 @@ class BackendError(LeaseError):
     """The backend answered with an error this library does not expect."""
 
 
+class BackendFull(BackendError):
+    """etcd's database reached its quota (alarm NOSPACE): it refuses writes (acquire,
+    transfer, fenced put; on etcd 3.5.1 now and then a release too) but still renews
+    leases, until an operator compacts, defragments and disarms the alarm."""
+
+
 class LeaseLost(LeaseError):
     """The tenure is over (expired, released, transferred or taken) or cannot be vouched for."""
 

@@ -104,7 +104,7 @@ async def test_a_member_cut_off_from_the_others_never_answers_a_stale_owner(
                 return cut.etcdctl("get", etcd_key, "--consistency=s", "--print-value-only")
 
             assert await reader.get_lease_owner("k") == "alice"  # it has the tenure
-            partitions.isolate(cut.name)
+            partitions.isolate(cluster.members.index(cut))
             try:
                 assert await writer.transfer_lease("k", "alice", "bob", 60_000)
                 assert stored_on_cut().strip() == "alice"  # stale, as the test needs

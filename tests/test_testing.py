@@ -343,6 +343,53 @@ def test_three_members_survive_losing_one(etcd_binary: str) -> None:
             cluster.start()
 
 
+# -- maintenance --------------------------------------------------------------
+
+
+def test_leader_moved_and_history_compacted(etcd_binary: str) -> None:
+    with EtcdCluster(3, binary=etcd_binary) as cluster:
+        leader = cluster.leader()
+        target = next(m for m in cluster.members if m is not leader)
+        assert len({m.member_id() for m in cluster.members}) == 3
+        cluster.move_leader(target)
+        deadline = time.monotonic() + 5  # the followers hear of it by the next heartbeat
+        while cluster.leader() is not target:
+            assert time.monotonic() < deadline
+
+        cluster.etcdctl("put", "k", "1")
+        before = target.revision()
+        cluster.etcdctl("put", "k", "2")
+        assert cluster.compact() == before + 1 == target.revision()
+        with pytest.raises(EtcdctlError, match="compacted"):
+            cluster.etcdctl("get", "k", f"--rev={before}")
+
+
+def test_quota_alarm_raised_defragmented_and_disarmed(etcd_binary: str) -> None:
+    quota = 2 * 1024 * 1024
+    with EtcdCluster(
+        1, binary=etcd_binary, extra_args=[f"--quota-backend-bytes={quota}"]
+    ) as cluster:
+        member = cluster.members[0]
+        assert cluster.alarms() == []
+        value = "x" * 100_000  # under Linux's 128 KiB limit on one argument
+        for i in range(4 * quota // len(value)):
+            try:
+                cluster.etcdctl("put", f"filler/{i}", value)
+            except EtcdctlError as exc:
+                assert "database space exceeded" in exc.stderr
+                break
+        assert cluster.alarms() == [f"{member.member_id():x}:NOSPACE"]
+
+        cluster.etcdctl("del", "--prefix", "filler/")
+        cluster.compact()
+        full = member.db_size()
+        member.defragment()
+        assert member.db_size() < full
+        cluster.disarm_alarms()
+        assert cluster.alarms() == []
+        cluster.etcdctl("put", "k", "v")
+
+
 # -- TLS --------------------------------------------------------------------
 
 

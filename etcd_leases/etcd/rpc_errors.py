@@ -9,13 +9,30 @@ from __future__ import annotations
 import grpc
 import grpc.aio
 
-from etcd_leases.errors import BackendError, BackendUnavailable, LeaseError, PermissionDenied
+from etcd_leases.errors import (
+    BackendError,
+    BackendFull,
+    BackendUnavailable,
+    LeaseError,
+    PermissionDenied,
+)
 
 __all__ = ["details", "is_invalid_token", "is_member_failure", "is_no_leader", "to_lease_error"]
 
-_NO_LEADER = ("no leader", "leader changed", "not capable", "request timed out")
+# "raft proposal dropped": the leader was handing over (MoveLeader, a graceful stop) and
+# dropped the write unapplied. "context deadline exceeded" (code UNKNOWN): the member's
+# own wait for the write ran out, as "request timed out" says; it may still land.
+_NO_LEADER = (
+    "no leader",
+    "leader changed",
+    "not capable",
+    "request timed out",
+    "raft proposal dropped",
+    "context deadline exceeded",
+)
 _INVALID_TOKEN = "invalid auth token"
 _AUTH_FAILED = ("authentication failed", "user name is empty", "permission denied")
+_NO_SPACE = "database space exceeded"
 
 
 def _code(exc: grpc.aio.AioRpcError) -> grpc.StatusCode:
@@ -61,4 +78,9 @@ def to_lease_error(exc: grpc.aio.AioRpcError) -> LeaseError:
         reason in text for reason in _AUTH_FAILED
     ):
         return PermissionDenied(message)
+    if _NO_SPACE in text:
+        return BackendFull(
+            "etcd's database is full (its NOSPACE alarm is raised): it refuses writes until "
+            "an operator compacts, defragments and runs 'etcdctl alarm disarm'; " + message
+        )
     return BackendError(message)

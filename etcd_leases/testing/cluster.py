@@ -383,6 +383,30 @@ class EtcdCluster:
         member = next((m for m in running if not m.paused), running[0])
         return member.etcdctl(*args, check=check, env=env, timeout=timeout)
 
+    def compact(self, revision: int | None = None) -> int:
+        """Compact history up to ``revision`` (the current one by default) and wait until
+        every member dropped it from disk; returns the revision compacted to."""
+        if revision is None:
+            revision = self.leader().revision()
+        self.etcdctl("compact", "--physical", str(revision))
+        return revision
+
+    def alarms(self) -> list[str]:
+        """The raised alarms, one ``"<member id hex>:<alarm>"`` each (e.g. ``NOSPACE``)."""
+        lines = self.etcdctl("alarm", "list").split()  # memberID:123 alarm:NOSPACE
+        return [
+            f"{int(member.removeprefix('memberID:')):x}:{alarm.removeprefix('alarm:')}"
+            for member, alarm in zip(lines[::2], lines[1::2], strict=True)
+        ]
+
+    def disarm_alarms(self) -> None:
+        """Disarm every alarm (once its cause is gone, or etcd raises it again)."""
+        self.etcdctl("alarm", "disarm")
+
+    def move_leader(self, to: EtcdMember) -> None:
+        """Hand the leadership to ``to`` (etcd's MoveLeader, sent to the current leader)."""
+        self.leader().etcdctl("move-leader", f"{to.member_id():x}")
+
     def __repr__(self) -> str:
         return f"<EtcdCluster size={self.size} {self.binary} members={self.members!r}>"
 

@@ -294,6 +294,31 @@ class EtcdMember:
         """
         return self._http("/v3/maintenance/status", timeout, data=b"{}")
 
+    def _status_field(self, *path: str) -> str:
+        """A field of :meth:`status`, e.g. ``("header", "revision")``; raises if it has none."""
+        value: object = self.status(timeout=5.0)
+        for name in path:
+            value = value.get(name) if isinstance(value, dict) else None
+        if value is None:
+            raise RuntimeError(f"{self}: no {'.'.join(path)} in its status")
+        return str(value)
+
+    def member_id(self) -> int:
+        """The member's raft id (``etcdctl member list`` shows it in hex)."""
+        return int(self._status_field("header", "member_id"))
+
+    def revision(self) -> int:
+        """The store's current revision, as this member knows it."""
+        return int(self._status_field("header", "revision"))
+
+    def db_size(self) -> int:
+        """The size of the member's backend file in bytes (what the quota is measured on)."""
+        return int(self._status_field("dbSize"))
+
+    def defragment(self, timeout: float = 60.0) -> None:
+        """Defragment this member's backend: it serves nothing while this runs."""
+        self.etcdctl("defrag", timeout=timeout)
+
     def _check_alive(self) -> None:
         process = self._process
         if process is None:

@@ -1,4 +1,5 @@
-"""The nemesis: faults injected into a running cluster and its workers, one at a time.
+"""The nemesis: faults injected into a running cluster and its workers, one at a time:
+crashes, stalls and partitions here, an operator's maintenance in operations.py.
 
 Each fault is recorded with the time it began and the time it healed (the moment
 the cluster or worker was whole again), for the checker's recovery figures and to
@@ -13,12 +14,11 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from etcd_leases.testing import EtcdCluster, EtcdMember
+from tests.chaos.fault import Fault, fault
+from tests.chaos.operations import Operations
 from tests.chaos.partitions import Partitions
-
-Fault = dict[str, Any]
 
 
 class Nemesis:
@@ -28,6 +28,7 @@ class Nemesis:
         workers: Sequence[subprocess.Popen[bytes]],
         ttl_ms: int,
         partitions: Partitions | None,
+        quota_bytes: int,
         seed: int,
     ) -> None:
         self.cluster = cluster
@@ -36,18 +37,27 @@ class Nemesis:
         self.partitions = partitions
         self.random = random.Random(seed)
         self.faults: list[Fault] = []
+        operations = Operations(cluster, workers, quota_bytes, self.random)
         kinds: list[Callable[[], Fault]] = [
             self.kill_leader,
             self.pause_leader,
             self.pause_follower,
             self.pause_worker,
+            operations.quota_full,
+            operations.compact_lagging,
+            operations.defrag,
+            operations.rolling_restart,
+            operations.move_leader,
+            operations.replace_member,
         ]
         if partitions is not None:
             kinds += [self.partition_leader, self.partition_follower]
         self.kinds = kinds
 
     def run(self, seconds: float, min_faults: int) -> None:
-        """Inject faults until ``seconds`` passed and ``min_faults`` were made (at most 2x)."""
+        """Inject faults until ``seconds`` passed and ``min_faults`` were made (at most 2x).
+
+        Every kind comes once in each round of ``len(self.kinds)`` faults."""
         began = time.monotonic()
         order: list[Callable[[], Fault]] = []
         while True:
@@ -66,15 +76,12 @@ class Nemesis:
         leader = self._leader()
         return self.random.choice([m for m in self.cluster.members if m is not leader])
 
-    def _fault(self, kind: str, start: float, target: str) -> Fault:
-        return {"kind": kind, "start": start, "heal": time.monotonic(), "target": target}
-
     def kill_leader(self) -> Fault:
         member, start = self._leader(), time.monotonic()
         member.kill()
         time.sleep(self.random.uniform(0.5, 1.5))
         member.start()
-        return self._fault("kill_leader", start, member.name)
+        return fault("kill_leader", start, member.name)
 
     def _pause(self, kind: str, member: EtcdMember, low: float, high: float) -> Fault:
         start = time.monotonic()
@@ -83,7 +90,7 @@ class Nemesis:
             time.sleep(self.random.uniform(low, high))
         finally:
             member.resume()
-        return self._fault(kind, start, member.name)
+        return fault(kind, start, member.name)
 
     def pause_leader(self) -> Fault:
         return self._pause("pause_leader", self._leader(), 1.0, 3.0)
@@ -99,18 +106,18 @@ class Nemesis:
             time.sleep(self.ttl + self.random.uniform(0.5, 1.5))
         finally:
             os.kill(worker.pid, signal.SIGCONT)
-        return self._fault("pause_worker", start, str(worker.pid))
+        return fault("pause_worker", start, str(worker.pid))
 
     def _partition(self, kind: str, member: EtcdMember) -> Fault:
         """Cut ``member`` off from the other members (clients still reach every member)."""
         assert self.partitions is not None
         start = time.monotonic()
-        self.partitions.isolate(member.name)
+        self.partitions.isolate(self.cluster.members.index(member))
         try:
             time.sleep(self.random.uniform(1.0, 3.0))
         finally:
             self.partitions.heal()
-        return self._fault(kind, start, member.name)
+        return fault(kind, start, member.name)
 
     def partition_leader(self) -> Fault:
         return self._partition("partition_leader", self._leader())
@@ -123,6 +130,8 @@ class Nemesis:
         for member in self.cluster.members:
             if member.paused:
                 member.resume()
+            elif not member.running:  # a fault failed half way through a restart
+                member.start()
         for worker in self.workers:
             if worker.poll() is None:
                 os.kill(worker.pid, signal.SIGCONT)

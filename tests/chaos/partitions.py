@@ -82,9 +82,10 @@ class Partitions:
     def _route(self, action: str, a: int, b: int) -> None:
         _ip("-n", self.namespaces[a], "route", action, "blackhole", f"{self.hosts[b]}/32")
 
-    def isolate(self, name: str) -> None:
-        """Cut member ``etcdN`` off from every other member, both ways."""
-        member = int(name.removeprefix("etcd"))
+    def isolate(self, member: int) -> None:
+        """Cut the member in namespace ``member`` (its index in the cluster's members; a
+        replacement takes the index, and namespace, of the member it replaced) off from
+        every other member, both ways."""
         for other in range(self.size):
             if other != member:
                 for a, b in ((member, other), (other, member)):

@@ -1,0 +1,38 @@
+"""What callers see for etcd's error strings that the chaos suite met (issue 14)."""
+
+from __future__ import annotations
+
+import grpc
+import grpc.aio
+
+from etcd_leases import BackendFull, BackendUnavailable
+from etcd_leases.etcd.rpc_errors import is_member_failure, to_lease_error
+
+
+def etcd_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """The error gRPC raises for etcd's answer (etcd's strings, as both versions send them)."""
+    return grpc.aio.AioRpcError(
+        code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details, debug_error_string=""
+    )
+
+
+def test_a_full_database_says_so_and_what_to_do() -> None:
+    error = to_lease_error(
+        etcd_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space exceeded")
+    )
+    assert isinstance(error, BackendFull)
+    assert "database is full" in str(error) and "alarm disarm" in str(error)
+
+
+def test_a_write_dropped_while_the_leader_hands_over_is_tried_again() -> None:
+    # Seen during MoveLeader: the write was never applied, so another try is safe.
+    dropped = etcd_error(grpc.StatusCode.UNKNOWN, "raft proposal dropped")
+    assert is_member_failure(dropped)
+    assert isinstance(to_lease_error(dropped), BackendUnavailable)
+
+
+def test_a_write_the_member_stopped_waiting_for_is_an_answer_lost() -> None:
+    # Seen during a partition of the leader: it may still land, as after a lost answer.
+    timed_out = etcd_error(grpc.StatusCode.UNKNOWN, "context deadline exceeded")
+    assert is_member_failure(timed_out)
+    assert isinstance(to_lease_error(timed_out), BackendUnavailable)
