@@ -49,7 +49,9 @@ async def test_a_member_whose_peers_froze_never_answers_from_its_own_store(
     with EtcdCluster(3, binary=etcd_binary, extra_args=SLOW_ELECTION) as cluster:
         alone = next(m for m in cluster.members if m is not cluster.leader())
         others = [m for m in cluster.members if m is not alone]
-        async with EtcdLeaseProvider([alone.endpoint], timeout=1.0) as provider:
+        async with EtcdLeaseProvider(
+            [alone.endpoint], timeout=1.0, member_sync_interval=None
+        ) as provider:
             assert (await provider.acquire_lease("k", "alice", 60_000)).acquired
             for member in others:
                 member.pause()
@@ -94,7 +96,10 @@ async def test_a_member_cut_off_from_the_others_never_answers_a_stale_owner(
         others = [m.endpoint for m in cluster.members if m is not cut]
         async with (
             EtcdLeaseProvider(others, prefix="/s/", timeout=3.0) as writer,
-            EtcdLeaseProvider([cut.endpoint], prefix="/s/", timeout=2.0) as reader,
+            # Only the cut-off member: following the member list would reach the others.
+            EtcdLeaseProvider(
+                [cut.endpoint], prefix="/s/", timeout=2.0, member_sync_interval=None
+            ) as reader,
         ):
             assert (await writer.acquire_lease("k", "alice", 60_000)).acquired
             etcd_key = writer.etcd_key("k").decode()
