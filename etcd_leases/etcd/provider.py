@@ -390,7 +390,13 @@ class EtcdBackend:
             if now is not None and now.lease == session.lease_id and now.value == value:
                 if kv is not None:
                     self.lease_freed(kv.lease)
-                if await self._sessions.confirm(session, renewal, self._client.timeout):
+                try:
+                    confirmed = await self._sessions.confirm(session, renewal, self._client.timeout)
+                except BaseException:
+                    # The put landed, and nobody would hold the key: undo it.
+                    self._background.start(self._settle_session_put(txn, etcd_key, value, session))
+                    raise
+                if confirmed:
                     return self._session_tenure(owner, etcd_key, now, session)
                 # The session's deadline passed before the put was answered (etcd
                 # stalled): that tenure never started. Move the key onto a live session.
