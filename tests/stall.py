@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.version import has_bug_15247
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
+Call = Callable[..., Awaitable[Any]]
 _REVOKE = "/etcdserverpb.Lease/LeaseRevoke"
 _TXN = "/etcdserverpb.KV/Txn"
 _DELETE = "/etcdserverpb.KV/DeleteRange"
@@ -42,23 +43,31 @@ class SentWrites:
 
     revoked: dict[int, float] = field(default_factory=dict)
     deleted: dict[bytes, float] = field(default_factory=dict)
+    listener: Callable[[str, int | bytes, float], None] = lambda what, which, at: None
 
     def record(self, client: EtcdClient, monkeypatch: pytest.MonkeyPatch) -> None:
         """Record what ``client`` sends from now on (it still sends it)."""
-        call = client.call
+        monkeypatch.setattr(client, "call", self.wrap(client.call))
+
+    def wrap(self, call: Call) -> Call:
+        """``call``, recording the revokes and deletes it sends (``listener`` hears of
+        each: ``"revoke"`` and the lease ID, or ``"delete"`` and the key)."""
 
         async def recording(path: str, request: Message, *args: Any, **kwargs: Any) -> Any:
             now = time.monotonic()
             if path == _REVOKE and isinstance(request, pb.LeaseRevokeRequest):
                 self.revoked.setdefault(request.ID, now)
+                self.listener("revoke", request.ID, now)
             elif path == _TXN and isinstance(request, pb.TxnRequest):
                 for key in _deleted_keys(request):
                     self.deleted.setdefault(key, now)
+                    self.listener("delete", key, now)
             elif path == _DELETE and isinstance(request, pb.DeleteRangeRequest):
                 self.deleted.setdefault(request.key, now)
+                self.listener("delete", request.key, now)
             return await call(path, request, *args, **kwargs)
 
-        monkeypatch.setattr(client, "call", recording)
+        return recording
 
 
 @dataclass

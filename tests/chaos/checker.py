@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ class Tenure:
     last_valid_act: float | None = None  # the last act with remaining() > 0
     early_deletion: Record | None = None  # a loss etcd caused before the holder's deadline
     released_at: float | None = None  # when its holder began to release it
+    lease: int = 0  # the lease the tenure's key was put under (0: unknown)
 
 
 def _tenures(records: Sequence[Record]) -> dict[tuple[str, int], Tenure]:
@@ -90,7 +92,13 @@ def _tenures(records: Sequence[Record]) -> dict[tuple[str, int], Tenure]:
         if record["op"] == "acquire" and record["outcome"] == "ok":
             tenures.setdefault(
                 (record["key"], record["token"]),
-                Tenure(record["worker"], record["key"], record["token"], record["end"]),
+                Tenure(
+                    record["worker"],
+                    record["key"],
+                    record["token"],
+                    record["end"],
+                    lease=record.get("lease", 0),
+                ),
             )
     for record in records:
         tenure = tenures.get((record.get("key", ""), record.get("token") or 0))
@@ -118,9 +126,38 @@ def _recent_stall(faults: Sequence[Record], at: float) -> Record | None:
     stalls = [
         f
         for f in faults
-        if f["kind"] in LEADER_STALLS and f["heal"] - 0.5 <= at <= f["heal"] + BUG_15247_WINDOW
+        if f["kind"] in LEADER_STALLS
+        and f["heal"] - 0.5 <= at <= f["heal"] + BUG_15247_WINDOW
+        # The bug is the stalled leader revoking leases it judged expired: it counted them.
+        and (f.get("expired") or 0) > 0
     ]
     return max(stalls, key=lambda f: f["heal"], default=None)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """The revokes and deletes the workers' library sent: a loss it caused is ours."""
+
+    revoked: dict[int, float]
+    deleted: dict[str, list[float]]
+
+    @classmethod
+    def of(cls, records: Sequence[Record]) -> Sent:
+        revoked: dict[int, float] = {}
+        deleted: dict[str, list[float]] = defaultdict(list)
+        for record in records:
+            if record["op"] == "sent_revoke":
+                revoked.setdefault(record["lease"], record["at"])
+            elif record["op"] == "sent_delete":
+                deleted[record["key"]].append(record["at"])
+        return cls(revoked, deleted)
+
+    def before(self, tenure: Tenure, at: float) -> bool:
+        """Whether the library revoked the tenure's lease or deleted its key before ``at``
+        (after the tenure began); an unknown lease is never excused."""
+        if not tenure.lease or self.revoked.get(tenure.lease, math.inf) < at:
+            return True
+        return any(tenure.acquired_at <= t < at for t in self.deleted.get(tenure.key, []))
 
 
 def _deleted_early(lost: Record) -> bool:
@@ -130,7 +167,11 @@ def _deleted_early(lost: Record) -> bool:
 
 
 def check_overlaps(
-    tenures: Iterable[Tenure], faults: Sequence[Record], version: str, report: Report
+    tenures: Iterable[Tenure],
+    faults: Sequence[Record],
+    version: str,
+    report: Report,
+    sent: Sent,
 ) -> None:
     """Two tenures of a key its holders both believed valid at once."""
     by_key: dict[str, list[Tenure]] = defaultdict(list)
@@ -150,14 +191,24 @@ def check_overlaps(
                     f"{later.token}) at {later.acquired_at:.3f}"
                 )
                 stall = _recent_stall(faults, later.acquired_at)
-                if earlier.early_deletion and stall is not None and has_bug_15247(version):
+                deleted = earlier.early_deletion
+                if (
+                    deleted is not None
+                    and stall is not None
+                    and has_bug_15247(version)
+                    and not sent.before(earlier, deleted["at"])
+                ):
                     report.bug_15247.append(Finding("overlap after early deletion", key, detail))
                 else:
                     report.violations.append(Finding("overlapping tenures", key, detail))
 
 
 def check_early_deletions(
-    tenures: Iterable[Tenure], faults: Sequence[Record], version: str, report: Report
+    tenures: Iterable[Tenure],
+    faults: Sequence[Record],
+    version: str,
+    report: Report,
+    sent: Sent,
 ) -> None:
     """Keys etcd deleted while their holders' clocks still gave them time."""
     for tenure in tenures:
@@ -169,8 +220,11 @@ def check_early_deletions(
             f"{tenure.worker} (token {tenure.token}) saw {lost['reason']!r} at {lost['at']:.3f}, "
             f"{lost['deadline'] - lost['at']:.3f} s before its own deadline"
         )
-        if stall is not None and has_bug_15247(version):
-            detail += f"; {stall['kind']} healed {lost['at'] - stall['heal']:.3f} s before"
+        if stall is not None and has_bug_15247(version) and not sent.before(tenure, lost["at"]):
+            detail += (
+                f"; {stall['kind']} healed {lost['at'] - stall['heal']:.3f} s before, and the "
+                f"stalled leader revoked {stall['expired']} lease(s) it judged expired"
+            )
             report.bug_15247.append(Finding("early deletion", tenure.key, detail))
         else:
             report.violations.append(Finding("early deletion", tenure.key, detail))
@@ -317,8 +371,9 @@ def check(
 ) -> Report:
     report = Report()
     tenures = _tenures(records)
-    check_overlaps(tenures.values(), faults, etcd_version, report)
-    check_early_deletions(tenures.values(), faults, etcd_version, report)
+    sent = Sent.of(records)
+    check_overlaps(tenures.values(), faults, etcd_version, report, sent)
+    check_early_deletions(tenures.values(), faults, etcd_version, report, sent)
     check_etcd_register(records, tenures, report)
     check_ext_register(records, ext_log, report)
     check_acknowledged_ends(records, report)

@@ -93,7 +93,28 @@ class Nemesis:
         return fault(kind, start, member.name)
 
     def pause_leader(self) -> Fault:
-        return self._pause("pause_leader", self._leader(), 1.0, 3.0)
+        leader = self._leader()
+        return self._counting_expiries(
+            leader, lambda: self._pause("pause_leader", leader, 1.0, 3.0)
+        )
+
+    @staticmethod
+    def _expired(member: EtcdMember) -> int | None:
+        try:
+            return member.leases_expired()
+        except (OSError, RuntimeError):
+            return None
+
+    def _counting_expiries(self, leader: EtcdMember, stall: Callable[[], Fault]) -> Fault:
+        """Run a leader stall; note how many leases the stalled leader itself revoked
+        as expired (by the end of the second after it healed): etcd bug 15247 is only
+        ever the stalled leader's revoke."""
+        before = self._expired(leader)
+        made = stall()
+        time.sleep(1.0)
+        after = self._expired(leader)
+        made["expired"] = after - before if before is not None and after is not None else None
+        return made
 
     def pause_follower(self) -> Fault:
         return self._pause("pause_follower", self._follower(), 1.0, 2.5)
@@ -120,7 +141,8 @@ class Nemesis:
         return fault(kind, start, member.name)
 
     def partition_leader(self) -> Fault:
-        return self._partition("partition_leader", self._leader())
+        leader = self._leader()
+        return self._counting_expiries(leader, lambda: self._partition("partition_leader", leader))
 
     def partition_follower(self) -> Fault:
         return self._partition("partition_follower", self._follower())

@@ -17,6 +17,7 @@ def acquire(worker: str, token: int, end: float, key: str = "k") -> Record:
         "start": end - 0.01,
         "end": end,
         "outcome": "ok",
+        "lease": 1000 + token,  # the tenure's lease, as the worker read it
     }
 
 
@@ -175,13 +176,26 @@ def test_early_deletion_is_ours_unless_a_leader_stall_explains_it_on_an_affected
         lost("a", 10, 1.2, "the key was released, deleted or expired", 3.0),
     ]
     assert kinds(run(early, ext_log=[])) == {"early deletion"}
-    stall = [{"kind": "pause_leader", "start": 0.1, "heal": 1.19, "leader": "etcd0"}]
+    stall = [{"kind": "pause_leader", "start": 0.1, "heal": 1.19, "target": "etcd0", "expired": 1}]
     report = run(early, ext_log=[], faults=stall)
     assert report.violations == []
     assert [f.kind for f in report.bug_15247] == ["early deletion"]
     assert "pause_leader healed 0.010 s before" in report.bug_15247[0].detail
     fixed = run(early, ext_log=[], faults=stall, version="3.5.13")
     assert kinds(fixed) == {"early deletion"} and fixed.bug_15247 == []
+    # Only what the bug can do: the stalled leader revoked a lease it judged expired...
+    quiet = [{**stall[0], "expired": 0}]
+    assert kinds(run(early, ext_log=[], faults=quiet)) == {"early deletion"}
+    # ...and never one the library revoked, or a key it deleted, before the loss.
+    revoked = [*early, {"op": "sent_revoke", "worker": "a", "key": "", "token": None,
+                        "at": 1.15, "lease": 1010}]  # fmt: skip
+    assert kinds(run(revoked, ext_log=[], faults=stall)) == {"early deletion"}
+    deleted = [*early, {"op": "sent_delete", "worker": "b", "key": "k", "token": None,
+                        "at": 1.15}]  # fmt: skip
+    assert kinds(run(deleted, ext_log=[], faults=stall)) == {"early deletion"}
+    revoked_after = [*early, {"op": "sent_revoke", "worker": "a", "key": "", "token": None,
+                              "at": 1.25, "lease": 1010}]  # fmt: skip
+    assert run(revoked_after, ext_log=[], faults=stall).violations == []
     # A keep-alive told the lease is gone counts as etcd's doing too; the holder's own
     # clock running out does not (that is the deadline, not early).
     early[-1] = lost("a", 10, 1.2, LEASE_NOT_FOUND, 3.0)
@@ -197,10 +211,15 @@ def test_overlap_after_a_15247_deletion_is_reported_separately() -> None:
         write("ext_write", "a", 10, 1.21, remaining=1.7),  # its clock still gave it time
         acquire("b", 12, 1.203),
     ]
-    stall = [{"kind": "pause_leader", "start": 0.1, "heal": 1.19, "leader": "etcd0"}]
+    stall = [{"kind": "pause_leader", "start": 0.1, "heal": 1.19, "target": "etcd0", "expired": 2}]
     report = run(records, ext_log=[], faults=stall)
     assert report.violations == []
     assert {f.kind for f in report.bug_15247} == {"early deletion", "overlap after early deletion"}
+    # The library revoked the lease itself: both are ours.
+    revoked = [*records, {"op": "sent_revoke", "worker": "a", "key": "", "token": None,
+                          "at": 1.2, "lease": 1010}]  # fmt: skip
+    both = run(revoked, ext_log=[], faults=stall)
+    assert kinds(both) == {"early deletion", "overlapping tenures"} and both.bug_15247 == []
 
 
 def test_a_tenure_acquired_again_by_its_holder_is_one_tenure() -> None:
