@@ -94,6 +94,36 @@ def results() -> dict[str, Any]:
             }
             for name, rate in rates.items()
         },
+        "processes": {
+            "etcd_leases": {
+                "1": {
+                    "tasks_per_process": 64,
+                    "cycles_per_s": 2000.0,
+                    "clients_cpu": 0.6,
+                    "etcd_cpu": 0.5,
+                },
+                "4": {
+                    "tasks_per_process": 64,
+                    "cycles_per_s": 3000.0,
+                    "clients_cpu": 1.2,
+                    "etcd_cpu": 0.9,
+                },
+            },
+            "bare gRPC grant+txn+revoke": {
+                "1": {
+                    "tasks_per_process": 64,
+                    "cycles_per_s": 1000.0,
+                    "clients_cpu": 0.4,
+                    "etcd_cpu": 0.6,
+                },
+                "4": {
+                    "tasks_per_process": 64,
+                    "cycles_per_s": 2500.0,
+                    "clients_cpu": 0.9,
+                    "etcd_cpu": 1.0,
+                },
+            },
+        },
         "keepalive": [hold_case(10_000, 15.0, 0.031, 0), hold_case(5_000, 3.0, 0.2, 7)],
         "takeover": latency(9.5, 12.0),
         "loss_detection": latency(4.5, 6.0),
@@ -182,7 +212,10 @@ def test_report_files_hold_the_figures(results: dict[str, Any], tmp_path: Path) 
     )  # what each client's cycle sends
     assert "| 5,000 leases @ 3 s, two CPU hogs: lost | 7.000 | 0 | NO |" in markdown
     assert "| bare gRPC grant+txn+revoke | 2.47x | 2.47x | 2.47x | 2.47x |" in markdown
-    assert len(tables(results)) == 7
+    assert "| 1 | 2,000 | 1,000 | 2.00x | 0.60 | 0.50 | 0.40 | 0.60 |" in markdown
+    assert "| 4 | 3,000 | 2,500 | 1.20x | 1.20 | 0.90 | 0.90 | 1.00 |" in markdown
+    assert "each process runs 64 tasks" in markdown
+    assert len(tables(results)) == 8
 
 
 def test_chart_is_a_png(results: dict[str, Any], tmp_path: Path) -> None:

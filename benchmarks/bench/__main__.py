@@ -26,6 +26,7 @@ from .config import FULL, QUICK, Config
 from .cycles import Peers, sequential_cycles, throughput
 from .etcd_metrics import EtcdMetrics
 from .keepalive import measure_case
+from .processes import measure_processes
 from .report import print_table, tables, write_json, write_markdown
 from .takeover import check_races, measure_loss_detection, measure_takeover
 
@@ -93,6 +94,8 @@ async def run_sections(
     finally:
         await peers.close()
     results["skipped"] = peers.skipped
+    section("cycles/s from several client processes")
+    results["processes"] = await measure_processes(endpoint, prefix, cfg, etcd_pid)
     results["keepalive"] = []
     for case in cfg.hold_cases:
         section(f"keep-alive: {case.leases:,} leases, TTL {case.ttl_ms / 1000:g} s")

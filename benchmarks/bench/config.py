@@ -29,6 +29,8 @@ class Config:
     passes: int  # interleaved passes the rounds above are split into
     concurrency: tuple[int, ...]
     seconds_per_level: float  # per peer, per concurrency level
+    processes: tuple[int, ...]  # client process counts of the multi-process section
+    process_tasks: int  # tasks in each client process
     hold_cases: tuple[HoldCase, ...]
     hold_window_s: float  # measured window, idle host and loaded host each
     takeovers: int
@@ -43,6 +45,8 @@ FULL = Config(
     passes=3,
     concurrency=(1, 16, 128, 512),
     seconds_per_level=3.0,
+    processes=(1, 2, 4),
+    process_tasks=64,
     hold_cases=(HoldCase(1_000, 15_000), HoldCase(10_000, 15_000), HoldCase(5_000, 3_000)),
     hold_window_s=10.0,
     takeovers=30,
@@ -56,6 +60,8 @@ QUICK = Config(
     passes=3,
     concurrency=(1, 16, 128, 512),
     seconds_per_level=1.0,
+    processes=(1, 2, 4),
+    process_tasks=64,
     hold_cases=(HoldCase(1_000, 15_000), HoldCase(10_000, 15_000), HoldCase(5_000, 3_000)),
     hold_window_s=4.0,
     takeovers=10,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .goals import evaluate
+from .peers.bare import NAME as BARE
 from .peers.ours import NAME as OURS
 from .stats import ratio
 
@@ -87,6 +88,26 @@ def throughput_ratio_table(results: dict[str, Any]) -> Table:
     return Table("Cycles/s, ours against each client at the same concurrency", header, rows)
 
 
+def processes_table(results: dict[str, Any]) -> Table:
+    by_kind = results.get("processes", {})
+    ours, bare = by_kind.get(OURS, {}), by_kind.get(BARE, {})
+    rows = []
+    for level in sorted({int(n) for figures in by_kind.values() for n in figures}):
+        mine, floor = ours.get(str(level), {}), bare.get(str(level), {})
+        rows.append([
+            str(level), fmt(mine.get("cycles_per_s"), 0), fmt(floor.get("cycles_per_s"), 0),
+            fmt(ratio(mine.get("cycles_per_s"), floor.get("cycles_per_s")), 2, "x"),
+            fmt(mine.get("clients_cpu"), 2), fmt(mine.get("etcd_cpu"), 2),
+            fmt(floor.get("clients_cpu"), 2), fmt(floor.get("etcd_cpu"), 2),
+        ])  # fmt: skip
+    header = ["processes", "ours cycles/s", "bare cycles/s", "ours / bare", "ours: clients CPU",
+              "ours: etcd CPU", "bare: clients CPU", "bare: etcd CPU"]  # fmt: skip
+    tasks = next((f["tasks_per_process"] for f in ours.values() if "tasks_per_process" in f), "?")
+    notes = (f"each process runs {tasks} tasks on distinct keys; CPU in seconds per second: "
+             "etcd is the shared ceiling where its CPU stops growing with processes",)  # fmt: skip
+    return Table("Cycles/s from several client processes, one etcd", header, rows, notes)
+
+
 def keepalive_table(results: dict[str, Any]) -> Table:
     rows = []
     for case in results["keepalive"]:
@@ -130,6 +151,7 @@ def tables(results: dict[str, Any]) -> list[Table]:
         cycle_table(results),
         throughput_table(results),
         throughput_ratio_table(results),
+        processes_table(results),
         keepalive_table(results),
         other_table(results),
         goals_table(results),
