@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import grpc
 import grpc.aio
@@ -27,14 +28,20 @@ from tests.conftest import assert_freed, assert_no_lease_leaked
 class LoseAnswers:
     """``lose_answers(n)``: the next ``n`` transactions apply, but their answers are
     lost; ``lost`` counts the answers thrown away, so a test can tell its losses
-    happened (a call that sent fewer transactions would pass without them)."""
+    happened (a call that sent fewer transactions would pass without them).
+    ``lose_answers(n, meanwhile)`` awaits ``meanwhile(request)`` between a
+    transaction's landing and the loss of its answer: what others did in between."""
 
     def __init__(self) -> None:
         self.to_lose = 0
         self.lost = 0
+        self.meanwhile: Callable[[pb.TxnRequest], Awaitable[None]] | None = None
 
-    def __call__(self, count: int) -> None:
+    def __call__(
+        self, count: int, meanwhile: Callable[[pb.TxnRequest], Awaitable[None]] | None = None
+    ) -> None:
         self.to_lose = count
+        self.meanwhile = meanwhile
 
 
 def lost_answer() -> grpc.aio.AioRpcError:
@@ -62,6 +69,9 @@ def lose_answers(etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPat
         if path.endswith("/Txn") and losses.to_lose > 0:
             losses.to_lose -= 1
             losses.lost += 1
+            if losses.meanwhile is not None:
+                assert isinstance(request, pb.TxnRequest)
+                await losses.meanwhile(request)
             raise lost_answer()
         return response
 
@@ -165,32 +175,21 @@ async def test_fenced_put_of_a_tenure_that_ended(
 
 
 async def test_a_send_acknowledged_before_its_answer_came_is_not_sent_twice(
-    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+    etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers
 ) -> None:
     # The send lands, a run acknowledges (deletes) its message at once, and only then
     # is the answer lost: the copy sent again must not store the message a second time.
     client, inbox = etcd_provider.client, etcd_provider.inbox
-    original = client._attempt
-    lost: list[bytes] = []
 
-    async def attempt(
-        index: int, path: str, request: Message, response_type: type[Message], deadline_s: float
-    ) -> Message:
-        response = await original(index, path, request, response_type, deadline_s)
-        if path.endswith("/Txn") and not lost:
-            assert isinstance(request, pb.TxnRequest)
-            lost.append(request.success[1].request_put.key)
-            await client.call(
-                "/etcdserverpb.KV/DeleteRange",
-                pb.DeleteRangeRequest(key=lost[0]),
-                pb.DeleteRangeResponse,
-            )
-            raise lost_answer()
-        return response
+    async def acknowledge(request: pb.TxnRequest) -> None:
+        key = request.success[1].request_put.key
+        await client.call(
+            "/etcdserverpb.KV/DeleteRange", pb.DeleteRangeRequest(key=key), pb.DeleteRangeResponse
+        )
 
-    monkeypatch.setattr(client, "_attempt", attempt)
+    lose_answers(1, acknowledge)
     message = await inbox.append("thread", b"hello", 100)
-    assert lost and message.seq == 1
+    assert lose_answers.lost == 1 and message.seq == 1
     assert await inbox.pending("thread") == []  # acknowledged once, not stored again
 
 
@@ -265,38 +264,31 @@ async def test_an_idempotent_send_whose_answer_was_lost_is_stored_once(
 
 @pytest.mark.parametrize("send_id", [None, SendId("req-1")])
 async def test_a_send_id_settles_a_lost_answer_followed_by_another_send(
-    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch, send_id: SendId | None
+    etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers, send_id: SendId | None
 ) -> None:
     """The send lands, its message is handled, another send follows, and only then is
     the answer lost: without a send id the outcome is unknown; with one, it is ours."""
     client, inbox = etcd_provider.client, etcd_provider.inbox
-    original = client._attempt
-    lost: list[bytes] = []
 
-    async def attempt(
-        index: int, path: str, request: Message, response_type: type[Message], deadline_s: float
-    ) -> Message:
-        response = await original(index, path, request, response_type, deadline_s)
-        if path.endswith("/Txn") and not lost:
-            assert isinstance(request, pb.TxnRequest)
-            lost.append(request.success[1].request_put.key)
-            followed = pb.TxnRequest(
-                success=[
-                    delete(lost[0]),
-                    put(inbox.keys.seq("thread"), b"2 feedface 1"),
-                    put(inbox.keys.message("thread", 2, "feedface"), b"next"),
-                ]
-            )
-            await client.txn(followed)
-            raise lost_answer()
-        return response
+    async def handled_and_followed(request: pb.TxnRequest) -> None:
+        handled = request.success[1].request_put.key
+        followed = pb.TxnRequest(
+            success=[
+                delete(handled),
+                put(inbox.keys.seq("thread"), b"2 feedface 1"),
+                put(inbox.keys.message("thread", 2, "feedface"), b"next"),
+            ]
+        )
+        await client.txn(followed)
 
-    monkeypatch.setattr(client, "_attempt", attempt)
+    lose_answers(1, handled_and_followed)
     if send_id is None:
         with pytest.raises(BackendUnavailable):
             await inbox.append("thread", b"hello", 100)
+        assert lose_answers.lost == 1
         return
     message = await inbox.append("thread", b"hello", 100, send_id)
+    assert lose_answers.lost == 1
     assert not message.duplicate and message.seq == 1
     assert [m.payload for m in await inbox.pending("thread")] == [b"next"]
     assert (await inbox.append("thread", b"hello", 100, send_id)).duplicate
