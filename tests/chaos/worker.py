@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseError, LeaseHeld, LeaseLost
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from tests.chaos import register
 from tests.stall import SentWrites
 
@@ -72,10 +73,7 @@ class Worker:
         hold = self.provider.hold(key, self.config.name, self.config.ttl_ms, wait=WAIT_FOR_KEY)
         async with hold as lease:
             end = time.monotonic()
-            # The tenure's lease: the checker excuses etcd bug 15247 only for a lease
-            # this library never revoked.
-            kv = await self.provider.client.range(self.provider.etcd_key(key))
-            lease_id = kv.lease if kv is not None and kv.mod_revision == lease.token else 0
+            lease_id = await self.lease_of(key, lease.token)
             self.record(
                 "acquire", key, lease.token, start=start, end=end, outcome="ok", lease=lease_id
             )
@@ -86,6 +84,20 @@ class Worker:
             else:
                 await self.release(lease)
         await asyncio.wait_for(watching, 5)
+
+    async def lease_of(self, key: str, token: int) -> int:
+        """The etcd lease the tenure's put carried (0 if unknown): the checker excuses
+        etcd bug 15247 only for a lease this library never revoked. Read as of the
+        put's revision, since the key may be gone already (the bug deletes it early)."""
+        request = pb.RangeRequest(key=self.provider.etcd_key(key), revision=token)
+        try:
+            found = await self.provider.client.call(
+                "/etcdserverpb.KV/Range", request, pb.RangeResponse
+            )
+        except LeaseError:  # compacted past the put, say: unknown
+            return 0
+        kvs = [kv for kv in found.kvs if kv.mod_revision == token]
+        return kvs[0].lease if kvs else 0
 
     async def release(self, lease: HeldLease) -> None:
         """Release with the contract's call, whose return is the acknowledgement (the
