@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import grpc
+import grpc.aio
 import pytest
+from google.protobuf.message import Message
 
-from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseHeld
+from etcd_leases import BackendUnavailable, EtcdLeaseProvider, HeldLease, LeaseHeld
 from etcd_leases.etcd.lease_ids import is_session_lease
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import settled, unique_prefix
 
@@ -169,3 +173,47 @@ async def _hold_for(provider: EtcdLeaseProvider, key: str, seconds: float) -> st
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(lease.lost.wait(), seconds)
         return lease.lost_reason
+
+
+async def test_a_hold_that_failed_never_puts_its_key_later(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hold whose put failed is settled in the background, by reading: sending the put
+    again would create the key once it is free (after its owner's next release, say), a
+    tenure nobody asked for that every reader sees until the settlement deletes it (a
+    chaos run saw a worker read itself as owner right after its own release)."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix(), timeout=1.5) as p:
+        async with p.hold("warm", "me", 3000):  # the session exists already
+            pass
+        client, key = p.client, p.etcd_key("k")
+        original = client._attempt
+        refusing = True
+
+        async def attempt(
+            index: int, path: str, request: Message, response_type: type[Message], deadline: float
+        ) -> Message:
+            if refusing and path.endswith("/Txn"):  # never sent: etcd unreachable
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.aio.Metadata(),
+                    grpc.aio.Metadata(),
+                    details="unreachable (test)",
+                    debug_error_string="",
+                )
+            return await original(index, path, request, response_type, deadline)
+
+        monkeypatch.setattr(client, "_attempt", attempt)
+        _, before = await client.range_at(key)
+        with pytest.raises(BackendUnavailable):
+            await p.hold("k", "me", 3000).__aenter__()
+        refusing = False  # while the settlement tries again
+        await settled(p)
+        _, after = await client.range_at(key)
+        # The key at every revision since: never put.
+        for revision in range(before + 1, after + 1):
+            found = await client.call(
+                "/etcdserverpb.KV/Range",
+                pb.RangeRequest(key=key, revision=revision),
+                pb.RangeResponse,
+            )
+            assert not found.kvs, f"the failed hold put its key at revision {revision}"

@@ -66,6 +66,9 @@ from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 DEFAULT_PREFIX = "/etcd-leases/"
 # How many copies of a transaction to send when etcd's answers are lost.
 _CAS_ATTEMPTS = 3
+# When an interrupted session put is looked for (seconds after the previous look):
+# a copy still on its way to a responsive member lands within these.
+_SETTLE_READS_S = (0.0, 0.5, 2.0)
 
 
 @dataclass(frozen=True)
@@ -383,7 +386,7 @@ class EtcdBackend:
                 continue
             except BaseException:
                 # The put may have landed, and nobody would hold the key: undo it.
-                self._background.start(self._settle_session_put(txn, etcd_key, value, session))
+                self._background.start(self._settle_session_put(etcd_key, value, session))
                 raise
             # The session lease is shared, by other keys and by other owners of this
             # process: the put landed if the key shows our value on it.
@@ -394,7 +397,7 @@ class EtcdBackend:
                     confirmed = await self._sessions.confirm(session, renewal, self._client.timeout)
                 except BaseException:
                     # The put landed, and nobody would hold the key: undo it.
-                    self._background.start(self._settle_session_put(txn, etcd_key, value, session))
+                    self._background.start(self._settle_session_put(etcd_key, value, session))
                     raise
                 if confirmed:
                     return self._session_tenure(owner, etcd_key, now, session)
@@ -409,23 +412,30 @@ class EtcdBackend:
         self._session_keepers[(etcd_key, kv.mod_revision)] = keeper
         return AcquireResult(True, owner, kv.mod_revision, session.ttl_s * 1000), keeper
 
-    async def _settle_session_put(
-        self, txn: Txn, etcd_key: bytes, value: bytes, session: Session
-    ) -> None:
+    async def _settle_session_put(self, etcd_key: bytes, value: bytes, session: Session) -> None:
         """Delete the key an interrupted session put left behind, if it did and no hold
-        of this process has that tenure (the same owner may hold it twice here)."""
-        while not session.kept.lost.is_set():
-            try:
-                kv = await self._cas(txn)
+        of this process has that tenure (the same owner may hold it twice here).
+
+        Read, never sent again: a copy sent now would create the key if it is free by
+        now (after its owner's next release, say), a tenure nobody asked for. Read
+        again a moment later: a cancelled copy may still be on its way to etcd.
+        """
+        for delay in _SETTLE_READS_S:
+            await asyncio.sleep(delay)
+            while not session.kept.lost.is_set():
+                try:
+                    kv = await self._client.range(etcd_key)
+                except BackendUnavailable:
+                    await asyncio.sleep(1.0)  # the session lives on: so would the key
+                    continue
+                except LeaseError:
+                    return
                 if kv is not None and kv.lease == session.lease_id and kv.value == value:
                     keeper = self._session_keepers.get((etcd_key, kv.mod_revision))
                     if keeper is None or keeper.lost.is_set():
                         await self._delete_tenure(etcd_key, kv.mod_revision)
-                return
-            except BackendUnavailable:
-                await asyncio.sleep(1.0)  # the session lives on: so would the key
-            except LeaseError:
-                return
+                    return
+                break
 
     async def keep_lease(
         self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
