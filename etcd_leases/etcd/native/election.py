@@ -1,0 +1,133 @@
+"""Leader election that shares etcd's own layout: Go's ``concurrency.Election``.
+
+Candidates of the election ``name`` are keys ``<name>/<lease id hex>`` on each
+candidate's session lease, valued with its proposal; the leader is the key created
+first. So a candidate here, a Go service's ``concurrency.NewElection(session, name)``
+and an operator's ``etcdctl elect name proposal`` are candidates of one election,
+one leader at a time::
+
+    election = NativeElection(provider, "reports", ttl_s=10)
+    token = await election.campaign("worker-a")   # returns once leading
+    ...                                           # election.lost is set on loss
+    await election.resign()                       # the next candidate leads
+
+The fencing token is the create revision of the leader's key (Go's ``Election.Rev()``):
+etcd revisions only grow, and a candidate leads only once every key created before
+its own is gone, so each leader's token is higher than every earlier leader's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from etcd_leases.contract import check_key
+from etcd_leases.errors import LeaseLost
+from etcd_leases.etcd.native.keys import oldest, queue_prefix, wait_turn
+from etcd_leases.etcd.native.session import NativeSession
+from etcd_leases.etcd.provider import EtcdBackend
+from etcd_leases.etcd.txn import Txn, create_revision_is, get, put
+
+#: Go's ``concurrency`` session default (``etcdctl elect`` uses it).
+DEFAULT_TTL_S = 60
+
+
+@dataclass(frozen=True)
+class Leader:
+    """The current leader: its proposal, its key, and its fencing token."""
+
+    value: str
+    key: str
+    token: int
+
+
+class NativeElection:
+    """One candidate in the etcd election ``name`` (an etcd key prefix, used as is:
+    not under the provider's prefix, since ``etcdctl`` knows nothing of that)."""
+
+    def __init__(self, provider: EtcdBackend, name: str, *, ttl_s: int = DEFAULT_TTL_S) -> None:
+        check_key(name, "name")
+        self.provider = provider
+        self.name = name
+        self.ttl_s = ttl_s
+        self._prefix = queue_prefix(name)
+        self._session: NativeSession | None = None  # the last campaign's
+        self._key = b""
+        self._not_campaigning = asyncio.Event()
+        self._not_campaigning.set()
+        #: The fencing token while leading: the create revision of our key.
+        self.token: int | None = None
+
+    @property
+    def key(self) -> str | None:
+        """Our key while campaigning or leading."""
+        if self._session is None or self._session.lost.is_set():
+            return None
+        return self._key.decode()
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set when leadership is over (lease lost, key deleted, resigned); set also
+        before any campaign."""
+        return self._not_campaigning if self._session is None else self._session.lost
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` unless this candidate still leads."""
+        if self._session is None or self.token is None:
+            raise LeaseLost(f"not the leader of {self.name!r}")
+        self._session.check()
+
+    async def campaign(self, value: str, timeout: float | None = None) -> int:
+        """Enter the election with ``value`` and return once leading: the fencing token.
+
+        Raises ``TimeoutError`` after ``timeout`` seconds (the candidacy is withdrawn),
+        :class:`LeaseLost` if the session ends first. Campaigning again while leading
+        proclaims ``value`` instead.
+        """
+        if self.token is not None and not self.lost.is_set():
+            await self.proclaim(value)
+            return self.token
+        await self.resign()
+        session = self._session = await NativeSession.open(self.provider, self.ttl_s)
+        self._key = key = session.key(self._prefix)
+        try:
+            async with asyncio.timeout(timeout):
+                # A new lease, so a new key: Go's "reuse the key" branch never runs.
+                txn = (
+                    Txn.when(create_revision_is(key, 0))
+                    .then(put(key, value.encode("utf-8"), session.lease_id))
+                    .otherwise(get(key))
+                )
+                response = await self.provider.client.txn(txn.request)
+                if not response.succeeded:
+                    raise LeaseLost(f"{key.decode()} exists already")
+                revision = response.header.revision
+                await wait_turn(self.provider, session, self._prefix, key, revision)
+        except BaseException:
+            await self.resign()
+            raise
+        self.token = revision
+        return revision
+
+    async def proclaim(self, value: str) -> None:
+        """Change the leader's value without an election (Go's ``Proclaim``)."""
+        self.check()
+        assert self._session is not None and self.token is not None
+        txn = Txn.when(create_revision_is(self._key, self.token)).then(
+            put(self._key, value.encode("utf-8"), self._session.lease_id)
+        )
+        if not (await self.provider.client.txn(txn.request)).succeeded:
+            raise LeaseLost(f"{self._key.decode()} is no longer ours")
+
+    async def resign(self) -> None:
+        """Give up leadership or candidacy: the next candidate leads. A no-op if neither."""
+        self.token = None
+        if self._session is not None:
+            await self._session.close()
+
+    async def leader(self) -> Leader | None:
+        """The current leader, whoever's candidate it is; ``None`` if there is none."""
+        kv = await oldest(self.provider, self._prefix)
+        if kv is None:
+            return None
+        return Leader(kv.value.decode("utf-8", "replace"), kv.key.decode(), kv.create_revision)
