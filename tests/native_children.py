@@ -13,16 +13,18 @@ from etcd_leases.etcd.native import NativeElection, NativeLock
 async def leader(endpoints: str, name: str) -> None:
     """Campaign in the etcd election ``name`` (1 s session) and lead until killed."""
     async with EtcdLeaseProvider(endpoints) as provider:
-        token = await NativeElection(provider, name, ttl_s=1).campaign("child")
-        print("lead", token, flush=True)
+        election = NativeElection(provider, name, ttl_s=1)
+        token = await election.campaign("child")
+        print("lead", token, election.key, flush=True)
         await asyncio.Event().wait()
 
 
 async def holder(endpoints: str, name: str) -> None:
     """Take the etcd lock ``name`` (1 s session) and hold it until killed."""
     async with EtcdLeaseProvider(endpoints) as provider:
-        token = await NativeLock(provider, name, ttl_s=1).acquire()
-        print("held", token, flush=True)
+        lock = NativeLock(provider, name, ttl_s=1)
+        token = await lock.acquire()
+        print("held", token, lock.key, flush=True)
         await asyncio.Event().wait()
 
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from etcd_leases import EtcdLeaseProvider
+from etcd_leases import EtcdLeaseProvider, LeaseLost
 from etcd_leases.etcd.native import Leader, NativeElection, NativeLock
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
@@ -48,9 +48,13 @@ class Child:
         return raw.decode().rstrip("\n")
 
     async def says_nothing_for(self, seconds: float) -> None:
-        with pytest.raises(AssertionError, match="no output"):
-            line = await self.line(within=seconds)
-            pytest.fail(f"pid {self.pid} printed {line!r}")
+        """Fail if it prints a line (or ends) within ``seconds``."""
+        assert self.process.stdout is not None
+        try:
+            raw = await asyncio.wait_for(self.process.stdout.readline(), seconds)
+        except TimeoutError:
+            return
+        raise AssertionError(f"pid {self.pid} printed {raw!r} (while it should wait)")
 
     def signal(self, sig: int) -> None:
         self.process.send_signal(sig)
@@ -118,13 +122,24 @@ async def queued(provider: EtcdLeaseProvider, name: str, count: int) -> list[pb.
     return kvs
 
 
+async def enqueued(provider: EtcdLeaseProvider, name: str, *, besides: str | None) -> pb.KeyValue:
+    """Wait until a key other than ``besides`` queues under ``name`` (etcdctl's
+    ``<name>/``, whatever our code does); it."""
+    deadline = time.monotonic() + 30
+    while not (kvs := [kv for kv in await queue(provider, name) if kv.key.decode() != besides]):
+        assert time.monotonic() < deadline, f"no key under {name}/ besides {besides}"
+        await asyncio.sleep(0.02)
+    (kv,) = kvs
+    return kv
+
+
 async def test_our_key_is_etcds_layout(
     provider: EtcdLeaseProvider, spawn: Spawn, name: str
 ) -> None:
     """``<name>/<lease id hex>`` with the proposal, on the session lease: ``etcdctl elect
     --listen`` reports our leader and our proclaims."""
     election = NativeElection(provider, name, ttl_s=5)
-    token = await election.campaign("ours")
+    token = await election.campaign("ours", timeout=30)
     (kv,) = await queue(provider, name)
     lease = (await provider.client.time_to_live(kv.lease)).ID
     assert kv.key.decode() == f"{name}/{lease:x}" == election.key
@@ -162,10 +177,14 @@ async def test_our_leader_resigns_to_etcdctl_and_etcdctl_waits_for_it(
     provider: EtcdLeaseProvider, spawn: Spawn, name: str
 ) -> None:
     election = NativeElection(provider, name, ttl_s=5)
-    token = await election.campaign("ours")
+    token = await election.campaign("ours", timeout=30)
     theirs = await spawn("etcdctl", "elect", name, "theirs")
-    _, their_kv = await queued(provider, name, 2)
+    their_kv = await enqueued(provider, name, besides=election.key)
     await theirs.says_nothing_for(_WRONG_WINDOW_S)
+    assert [kv.key.decode() for kv in await queue(provider, name)] == [
+        election.key,
+        their_kv.key.decode(),
+    ]
     await election.resign()
     assert await theirs.line() == their_kv.key.decode()
     assert their_kv.create_revision > token
@@ -175,15 +194,17 @@ async def test_our_leader_killed_etcdctl_leads_once_its_lease_expires(
     provider: EtcdLeaseProvider, spawn: Spawn, name: str
 ) -> None:
     ours = await spawn("ours", "leader", name)
-    token = int((await ours.line()).split()[1])
+    _, token_text, our_key = (await ours.line()).split()
+    our_kv = await provider.client.range(our_key.encode())
+    assert our_kv is not None and our_kv.create_revision == int(token_text)
     theirs = await spawn("etcdctl", "elect", name, "theirs")
-    our_kv, their_kv = await queued(provider, name, 2)
+    their_kv = await enqueued(provider, name, besides=our_kv.key.decode())
     await theirs.says_nothing_for(_WRONG_WINDOW_S)
     ours.process.kill()
     await ours.wait()
     assert await theirs.line(within=30) == their_kv.key.decode()
     assert (await provider.client.time_to_live(our_kv.lease)).TTL == -1  # it expired first
-    assert their_kv.create_revision > our_kv.create_revision == token
+    assert their_kv.create_revision > our_kv.create_revision
 
 
 @pytest.mark.timeout(240)
@@ -231,12 +252,16 @@ async def test_our_lock_excludes_etcdctl_and_hands_it_over(
     tokens: list[int] = []
     for _ in range(2):  # a second round: tokens keep growing across holders
         lock = NativeLock(provider, name, ttl_s=5)
-        async with lock:
+        async with asyncio.timeout(60), lock:
             assert lock.token is not None
             tokens.append(lock.token)
             theirs = await spawn("etcdctl", "lock", name)
-            _, their_kv = await queued(provider, name, 2)
+            their_kv = await enqueued(provider, name, besides=lock.key)
             await theirs.says_nothing_for(_WRONG_WINDOW_S)
+            assert [kv.create_revision for kv in await queue(provider, name)] == [
+                lock.token,
+                their_kv.create_revision,
+            ]
         assert await theirs.line() == their_kv.key.decode()
         tokens.append(their_kv.create_revision)
         theirs.signal(signal.SIGINT)
@@ -261,22 +286,24 @@ async def test_a_killed_holder_hands_the_lock_over_once_its_lease_expires(
     await lock.release()
 
     ours = await spawn("ours", "holder", name)
-    child_token = int((await ours.line()).split()[1])
+    _, token_text, our_key = (await ours.line()).split()
+    our_kv = await provider.client.range(our_key.encode())
+    assert our_kv is not None and our_kv.create_revision == int(token_text)
     theirs = await spawn("etcdctl", "lock", name)
-    our_kv, their_kv = await queued(provider, name, 2)
+    their_kv = await enqueued(provider, name, besides=our_kv.key.decode())
     await theirs.says_nothing_for(_WRONG_WINDOW_S)
     ours.process.kill()
     await ours.wait()
     assert await theirs.line(within=30) == their_kv.key.decode()
     assert (await provider.client.time_to_live(our_kv.lease)).TTL == -1
-    assert token < child_token == our_kv.create_revision < their_kv.create_revision
+    assert token < our_kv.create_revision < their_kv.create_revision
 
 
 async def test_our_locks_exclude_each_other_and_a_timeout_leaves_the_queue(
     provider: EtcdLeaseProvider, name: str
 ) -> None:
     first, second = NativeLock(provider, name, ttl_s=5), NativeLock(provider, name, ttl_s=5)
-    token = await first.acquire()
+    token = await first.acquire(timeout=30)
     with pytest.raises(TimeoutError):
         await second.acquire(timeout=0.5)
     assert [kv.create_revision for kv in await queue(provider, name)] == [token]
@@ -289,14 +316,31 @@ async def test_our_locks_exclude_each_other_and_a_timeout_leaves_the_queue(
     await second.release()
 
 
+async def test_a_candidate_whose_key_went_while_it_waited_does_not_lead(
+    etcd: EtcdCluster, provider: EtcdLeaseProvider, spawn: Spawn, name: str
+) -> None:
+    """Our key deleted (or its lease expired) while etcdctl led: when etcdctl resigns,
+    ours must not lead, since a candidate arriving then would lead too."""
+    theirs = await spawn("etcdctl", "elect", name, "theirs")
+    await theirs.line()
+    election = NativeElection(provider, name, ttl_s=5)
+    campaign = asyncio.create_task(election.campaign("ours", timeout=30))
+    _, our_kv = await queued(provider, name, 2)
+    etcd.etcdctl("del", our_kv.key.decode())
+    theirs.signal(signal.SIGINT)
+    with pytest.raises(LeaseLost):
+        await campaign
+    assert await queue(provider, name) == []
+
+
 async def test_deleting_the_key_ends_the_tenure(
     etcd: EtcdCluster, provider: EtcdLeaseProvider, name: str
 ) -> None:
     election = NativeElection(provider, name, ttl_s=5)
-    await election.campaign("ours")
+    await election.campaign("ours", timeout=30)
     assert election.key is not None
     etcd.etcdctl("del", election.key)
     await eventually(election.lost.is_set, "leadership lost")
-    with pytest.raises(Exception, match="deleted"):
+    with pytest.raises(LeaseLost, match="deleted"):
         election.check()
     await election.resign()
