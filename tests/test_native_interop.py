@@ -4,6 +4,7 @@ of each etcd version under test: one election, one lock, whoever the candidates 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import time
@@ -316,6 +317,26 @@ async def test_our_locks_exclude_each_other_and_a_timeout_leaves_the_queue(
     await second.release()
 
 
+async def test_observe_follows_etcdctls_leaders(
+    provider: EtcdLeaseProvider, spawn: Spawn, name: str
+) -> None:
+    election = NativeElection(provider, name)
+    assert await election.leader() is None
+    async with contextlib.aclosing(election.observe()) as leaders:
+        assert await anext(leaders) is None
+        first = await spawn("etcdctl", "elect", name, "first")
+        first_key = await first.line()
+        seen = await asyncio.wait_for(anext(leaders), 30)
+        assert seen is not None and (seen.key, seen.value) == (first_key, "first")
+        second = await spawn("etcdctl", "elect", name, "second")
+        await queued(provider, name, 2)
+        first.signal(signal.SIGINT)
+        seen = await asyncio.wait_for(anext(leaders), 30)
+        assert seen is not None and (seen.key, seen.value) == (await second.line(), "second")
+        second.signal(signal.SIGINT)
+        assert await asyncio.wait_for(anext(leaders), 30) is None
+
+
 async def test_a_candidate_whose_key_went_while_it_waited_does_not_lead(
     etcd: EtcdCluster, provider: EtcdLeaseProvider, spawn: Spawn, name: str
 ) -> None:
@@ -338,9 +359,13 @@ async def test_deleting_the_key_ends_the_tenure(
 ) -> None:
     election = NativeElection(provider, name, ttl_s=5)
     await election.campaign("ours", timeout=30)
-    assert election.key is not None
-    etcd.etcdctl("del", election.key)
+    key = election.key
+    assert key is not None
+    etcd.etcdctl("del", key)
     await eventually(election.lost.is_set, "leadership lost")
+    assert election.key is None
+    lease_id = int(key.rsplit("/", 1)[1], 16)
+    assert not provider._keepalive.is_kept(lease_id)  # left to expire, not renewed for ever
     with pytest.raises(LeaseLost, match="deleted"):
         election.check()
     await election.resign()

@@ -19,14 +19,16 @@ its own is gone, so each leader's token is higher than every earlier leader's.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from etcd_leases.contract import check_key
 from etcd_leases.errors import LeaseLost
-from etcd_leases.etcd.native.keys import oldest, queue_prefix, wait_turn
+from etcd_leases.etcd.native.keys import oldest_request, queue_prefix, wait_turn
 from etcd_leases.etcd.native.session import NativeSession
 from etcd_leases.etcd.provider import EtcdBackend
-from etcd_leases.etcd.txn import Txn, create_revision_is, get, put
+from etcd_leases.etcd.txn import Txn, create_revision_is, get, prefix_end, put
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 #: Go's ``concurrency`` session default (``etcdctl elect`` uses it).
 DEFAULT_TTL_S = 60
@@ -127,7 +129,32 @@ class NativeElection:
 
     async def leader(self) -> Leader | None:
         """The current leader, whoever's candidate it is; ``None`` if there is none."""
-        kv = await oldest(self.provider, self._prefix)
-        if kv is None:
-            return None
-        return Leader(kv.value.decode("utf-8", "replace"), kv.key.decode(), kv.create_revision)
+        return (await self._read_leader())[0]
+
+    async def observe(self) -> AsyncGenerator[Leader | None, None]:
+        """The leader now, then each change of leader or of its value (Go's ``Observe``,
+        ``etcdctl elect --listen``); ``None`` while there is none."""
+        last, revision = await self._read_leader()
+        yield last
+        watcher = self.provider._watches.watch(
+            self._prefix, revision + 1, range_end=prefix_end(self._prefix)
+        )
+        try:
+            async for _ in watcher:  # any change under the prefix: read the head again
+                now, _ = await self._read_leader()
+                if now != last:
+                    last = now
+                    yield now
+        finally:
+            watcher.cancel()
+
+    async def _read_leader(self) -> tuple[Leader | None, int]:
+        """The leader, and the store revision it was read at."""
+        response = await self.provider.client.call(
+            "/etcdserverpb.KV/Range", oldest_request(self._prefix), pb.RangeResponse
+        )
+        if not response.kvs:
+            return None, response.header.revision
+        kv = response.kvs[0]
+        leader = Leader(kv.value.decode("utf-8", "replace"), kv.key.decode(), kv.create_revision)
+        return leader, response.header.revision

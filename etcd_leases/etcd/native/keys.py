@@ -42,14 +42,6 @@ def _top(
     )
 
 
-async def oldest(backend: EtcdBackend, prefix: bytes) -> pb.KeyValue | None:
-    """The key at the head of the queue under ``prefix`` (the leader, the holder)."""
-    response = await backend.client.call(
-        "/etcdserverpb.KV/Range", oldest_request(prefix), pb.RangeResponse
-    )
-    return response.kvs[0] if response.kvs else None
-
-
 async def wait_deletes(
     backend: EtcdBackend, session: NativeSession, prefix: bytes, revision: int
 ) -> None:

@@ -109,6 +109,9 @@ class NativeSession:
         self.lost.set()
         if self._watcher is not None:
             self._watcher.cancel()
+        # Renewing a lease that leads nothing would keep a dead candidacy's lease for
+        # ever if its owner never closes the session: it expires instead.
+        self._backend._keepalive.release(self._kept)
 
     async def close(self) -> None:
         """Revoke the lease (its key goes with it); best effort, never raises for an
@@ -117,5 +120,4 @@ class NativeSession:
         if self._closed:
             return
         self._closed = True
-        self._backend._keepalive.release(self._kept)
         await self._backend.client.revoke_quietly(self.lease_id)
