@@ -22,10 +22,9 @@ import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from etcd_leases.contract import check_key
 from etcd_leases.errors import LeaseLost
-from etcd_leases.etcd.native.keys import oldest_request, queue_prefix, wait_turn
-from etcd_leases.etcd.native.session import NativeSession
+from etcd_leases.etcd.native.keys import oldest_request, wait_turn
+from etcd_leases.etcd.native.queue import Queued
 from etcd_leases.etcd.provider import EtcdBackend
 from etcd_leases.etcd.txn import Txn, create_revision_is, get, prefix_end, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
@@ -43,41 +42,14 @@ class Leader:
     token: int
 
 
-class NativeElection:
+class NativeElection(Queued):
     """One candidate in the etcd election ``name`` (an etcd key prefix, used as is:
     not under the provider's prefix, since ``etcdctl`` knows nothing of that)."""
 
+    _at_head = "the leader of"
+
     def __init__(self, provider: EtcdBackend, name: str, *, ttl_s: int = DEFAULT_TTL_S) -> None:
-        check_key(name, "name")
-        self.provider = provider
-        self.name = name
-        self.ttl_s = ttl_s
-        self._prefix = queue_prefix(name)
-        self._session: NativeSession | None = None  # the last campaign's
-        self._key = b""
-        self._not_campaigning = asyncio.Event()
-        self._not_campaigning.set()
-        #: The fencing token while leading: the create revision of our key.
-        self.token: int | None = None
-
-    @property
-    def key(self) -> str | None:
-        """Our key while campaigning or leading."""
-        if self._session is None or self._session.lost.is_set():
-            return None
-        return self._key.decode()
-
-    @property
-    def lost(self) -> asyncio.Event:
-        """Set when leadership is over (lease lost, key deleted, resigned); set also
-        before any campaign."""
-        return self._not_campaigning if self._session is None else self._session.lost
-
-    def check(self) -> None:
-        """Raise :class:`LeaseLost` unless this candidate still leads."""
-        if self._session is None or self.token is None:
-            raise LeaseLost(f"not the leader of {self.name!r}")
-        self._session.check()
+        super().__init__(provider, name, ttl_s)
 
     async def campaign(self, value: str, timeout: float | None = None) -> int:
         """Enter the election with ``value`` and return once leading: the fencing token.
@@ -86,12 +58,12 @@ class NativeElection:
         :class:`LeaseLost` if the session ends first. Campaigning again while leading
         proclaims ``value`` instead.
         """
-        if self.token is not None and not self.lost.is_set():
+        if self._holding():
             await self.proclaim(value)
+            assert self.token is not None
             return self.token
-        await self.resign()
-        session = self._session = await NativeSession.open(self.provider, self.ttl_s)
-        self._key = key = session.key(self._prefix)
+        session = await self._join()
+        key = self._key
         try:
             async with asyncio.timeout(timeout):
                 # A new lease, so a new key: Go's "reuse the key" branch never runs.
@@ -123,9 +95,7 @@ class NativeElection:
 
     async def resign(self) -> None:
         """Give up leadership or candidacy: the next candidate leads. A no-op if neither."""
-        self.token = None
-        if self._session is not None:
-            await self._session.close()
+        await self._leave()
 
     async def leader(self) -> Leader | None:
         """The current leader, whoever's candidate it is; ``None`` if there is none."""

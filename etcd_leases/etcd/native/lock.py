@@ -20,9 +20,9 @@ import asyncio
 from types import TracebackType
 from typing import Self
 
-from etcd_leases.contract import check_key
 from etcd_leases.errors import LeaseLost
-from etcd_leases.etcd.native.keys import oldest_request, queue_prefix, wait_turn
+from etcd_leases.etcd.native.keys import oldest_request, wait_turn
+from etcd_leases.etcd.native.queue import Queued
 from etcd_leases.etcd.native.session import NativeSession
 from etcd_leases.etcd.provider import EtcdBackend
 from etcd_leases.etcd.txn import Txn, create_revision_is, get, put
@@ -32,41 +32,14 @@ from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 DEFAULT_TTL_S = 10
 
 
-class NativeLock:
+class NativeLock(Queued):
     """The etcd lock ``name`` (an etcd key prefix, used as is: not under the
     provider's prefix, since ``etcdctl`` knows nothing of that)."""
 
+    _at_head = "holding"
+
     def __init__(self, provider: EtcdBackend, name: str, *, ttl_s: int = DEFAULT_TTL_S) -> None:
-        check_key(name, "name")
-        self.provider = provider
-        self.name = name
-        self.ttl_s = ttl_s
-        self._prefix = queue_prefix(name)
-        self._session: NativeSession | None = None  # the last attempt's
-        self._key = b""
-        self._not_held = asyncio.Event()
-        self._not_held.set()
-        #: The fencing token while held: the create revision of our key.
-        self.token: int | None = None
-
-    @property
-    def key(self) -> str | None:
-        """Our key while waiting or holding."""
-        if self._session is None or self._session.lost.is_set():
-            return None
-        return self._key.decode()
-
-    @property
-    def lost(self) -> asyncio.Event:
-        """Set when the lock is no longer held (lease lost, key deleted, released);
-        set also before any acquire."""
-        return self._not_held if self._session is None else self._session.lost
-
-    def check(self) -> None:
-        """Raise :class:`LeaseLost` unless the lock is still held."""
-        if self._session is None or self.token is None:
-            raise LeaseLost(f"{self.name!r} is not held")
-        self._session.check()
+        super().__init__(provider, name, ttl_s)
 
     async def acquire(self, timeout: float | None = None) -> int:
         """Wait for the lock and take it: the fencing token (Go's ``Lock``).
@@ -74,15 +47,16 @@ class NativeLock:
         Raises ``TimeoutError`` after ``timeout`` seconds (we leave the queue),
         :class:`LeaseLost` if the session ends first. A no-op while held.
         """
-        if self.token is not None and not self.lost.is_set():
+        if self._holding():
+            assert self.token is not None
             return self.token
-        revision, holder = await self._enqueue()
+        session, revision, free = await self._enqueue()
         try:
-            if holder is not None and holder.create_revision != revision:
-                async with asyncio.timeout(timeout):
-                    await wait_turn(self.provider, self._live(), self._prefix, self._key, revision)
+            if free:
+                session.guard(self._key, revision + 1)
             else:
-                self._live().guard(self._key, revision + 1)
+                async with asyncio.timeout(timeout):
+                    await wait_turn(self.provider, session, self._prefix, self._key, revision)
         except BaseException:
             await self.release()
             raise
@@ -91,28 +65,25 @@ class NativeLock:
 
     async def try_acquire(self) -> int | None:
         """Take the lock if it is free: the fencing token, else ``None`` (Go's ``TryLock``)."""
-        if self.token is not None and not self.lost.is_set():
+        if self._holding():
             return self.token
-        revision, holder = await self._enqueue()
-        if holder is not None and holder.create_revision != revision:
+        session, revision, free = await self._enqueue()
+        if not free:
             await self.release()
             return None
-        self._live().guard(self._key, revision + 1)
+        session.guard(self._key, revision + 1)
         self.token = revision
         return revision
 
     async def release(self) -> None:
         """Give the lock up (or leave the queue): the next waiter takes it."""
-        self.token = None
-        if self._session is not None:
-            await self._session.close()
+        await self._leave()
 
-    async def _enqueue(self) -> tuple[int, pb.KeyValue | None]:
+    async def _enqueue(self) -> tuple[NativeSession, int, bool]:
         """Put our key and read the holder in one transaction, as Go's ``tryAcquire``:
-        our key's create revision, and the key created first (``None``: none)."""
-        await self.release()
-        session = self._session = await NativeSession.open(self.provider, self.ttl_s)
-        self._key = key = session.key(self._prefix)
+        the session, our key's create revision, and whether our key holds the lock."""
+        session = await self._join()
+        key = self._key
         holder = pb.RequestOp(request_range=oldest_request(self._prefix))
         txn = Txn.when(create_revision_is(key, 0)).then(put(key, b"", session.lease_id), holder)
         try:
@@ -123,12 +94,9 @@ class NativeLock:
         if not response.succeeded:  # a new lease, so a new key: cannot happen
             await self.release()
             raise LeaseLost(f"{key.decode()} exists already")
+        revision = response.header.revision
         holders = response.responses[1].response_range.kvs
-        return response.header.revision, holders[0] if holders else None
-
-    def _live(self) -> NativeSession:
-        assert self._session is not None
-        return self._session
+        return session, revision, not holders or holders[0].create_revision == revision
 
     async def __aenter__(self) -> Self:
         await self.acquire()
