@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from etcd_leases import EtcdLeaseProvider, LeaseLost
+from etcd_leases import EtcdLeaseProvider, LeaseLost, LeaseTypeError, LeaseValueError
 from etcd_leases.etcd.native import Leader, NativeElection, NativeLock
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
@@ -369,3 +369,15 @@ async def test_deleting_the_key_ends_the_tenure(
     with pytest.raises(LeaseLost, match="deleted"):
         election.check()
     await election.resign()
+
+
+@pytest.mark.parametrize("kind", [NativeElection, NativeLock])
+async def test_bad_arguments_are_refused_before_anything_is_sent(
+    provider: EtcdLeaseProvider, kind: type[NativeElection | NativeLock]
+) -> None:
+    with pytest.raises(LeaseValueError, match="name"):
+        kind(provider, "")
+    with pytest.raises(LeaseTypeError, match="ttl_s"):
+        kind(provider, "x", ttl_s=1.5)  # type: ignore[arg-type]
+    with pytest.raises(LeaseValueError, match="ttl_s"):
+        kind(provider, "x", ttl_s=0)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from etcd_leases.contract import check_key
-from etcd_leases.errors import LeaseLost
+from etcd_leases.contract import MAX_TTL_MS, check_key
+from etcd_leases.errors import LeaseLost, LeaseTypeError, LeaseValueError
 from etcd_leases.etcd.native.keys import queue_prefix
 from etcd_leases.etcd.native.session import NativeSession
 from etcd_leases.etcd.provider import EtcdBackend
@@ -25,6 +25,10 @@ class Queued:
 
     def __init__(self, provider: EtcdBackend, name: str, ttl_s: int) -> None:
         check_key(name, "name")
+        if isinstance(ttl_s, bool) or not isinstance(ttl_s, int):
+            raise LeaseTypeError(f"ttl_s must be an int, not {type(ttl_s).__name__}")
+        if not 1 <= ttl_s <= MAX_TTL_MS // 1000:
+            raise LeaseValueError(f"ttl_s must be in 1 ..= {MAX_TTL_MS // 1000}, got {ttl_s}")
         self.provider = provider
         self.name = name
         self.ttl_s = ttl_s
