@@ -4,10 +4,11 @@
     python benchmarks/native.py --quick
 
 Times, on our clock: an uncontended ``NativeLock`` acquire + release (one grant, one
-txn, one revoke); our ``resign()`` to ``etcdctl elect`` printing that it leads (its
-watch sees our key's delete); ``etcdctl lock`` sent SIGINT to our waiting ``acquire()``
-returning. The etcdctl is the one beside the etcd binary (else on PATH); its process
-start is not timed. Prints figures; asserts no timing.
+txn, one revoke); our ``resign()`` to another of our candidates leading, and to
+``etcdctl elect`` printing that it leads (its watch sees our key's delete); from
+``etcdctl lock`` sent SIGINT to our waiting ``acquire()`` returning. The etcdctl is
+the one beside the etcd binary (else on PATH); its process start is not timed.
+Prints figures; asserts no timing.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ async def run(cluster: EtcdCluster, quick: bool) -> None:
             await lock.release()
             alone.append(time.perf_counter() - started)
 
+        to_ours_alone = []
+        for _ in range(rounds):
+            name = f"bench-{uuid.uuid4().hex}"
+            first, second = NativeElection(provider, name), NativeElection(provider, name)
+            await first.campaign("first", timeout=30)
+            campaign = asyncio.create_task(second.campaign("second", timeout=30))
+            await queued(provider, name, 2)
+            started = time.perf_counter()
+            await first.resign()
+            await campaign
+            to_ours_alone.append(time.perf_counter() - started)
+            await second.resign()
+
         to_etcdctl = []
         for _ in range(rounds):
             name = f"bench-{uuid.uuid4().hex}"
@@ -97,6 +111,7 @@ async def run(cluster: EtcdCluster, quick: bool) -> None:
 
     print(f"{'':<52} {'p50 ms':>8} {'p99 ms':>8} {'n':>6}")
     row("NativeLock acquire + release, uncontended", alone)
+    row("our resign() -> our other candidate leads", to_ours_alone)
     row("our resign() -> etcdctl elect prints it leads", to_etcdctl)
     row("SIGINT to etcdctl lock -> our acquire() returns", to_ours)
 

@@ -26,7 +26,7 @@ from etcd_leases.errors import LeaseLost
 from etcd_leases.etcd.native.keys import oldest_request, wait_turn
 from etcd_leases.etcd.native.queue import Queued
 from etcd_leases.etcd.provider import EtcdBackend
-from etcd_leases.etcd.txn import Txn, create_revision_is, get, prefix_end, put
+from etcd_leases.etcd.txn import Txn, create_revision_is, prefix_end, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 #: Go's ``concurrency`` session default (``etcdctl elect`` uses it).
@@ -67,10 +67,8 @@ class NativeElection(Queued):
         try:
             async with asyncio.timeout(timeout):
                 # A new lease, so a new key: Go's "reuse the key" branch never runs.
-                txn = (
-                    Txn.when(create_revision_is(key, 0))
-                    .then(put(key, value.encode("utf-8"), session.lease_id))
-                    .otherwise(get(key))
+                txn = Txn.when(create_revision_is(key, 0)).then(
+                    put(key, value.encode("utf-8"), session.lease_id)
                 )
                 response = await self.provider.client.txn(txn.request)
                 if not response.succeeded:

@@ -60,7 +60,10 @@ async def wait_deletes(
         )
         if not response.kvs:
             return
-        await _wait_delete(backend, session, response.kvs[0].key, response.header.revision)
+        # From the revision after the read, which showed the key: Go watches from the
+        # read's own revision, which etcd serves from its "unsynced" watchers, caught
+        # up every 100 ms, so each hand-off waited about that long.
+        await _wait_delete(backend, session, response.kvs[0].key, response.header.revision + 1)
 
 
 async def _wait_delete(

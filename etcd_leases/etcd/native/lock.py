@@ -25,7 +25,7 @@ from etcd_leases.etcd.native.keys import oldest_request, wait_turn
 from etcd_leases.etcd.native.queue import Queued
 from etcd_leases.etcd.native.session import NativeSession
 from etcd_leases.etcd.provider import EtcdBackend
-from etcd_leases.etcd.txn import Txn, create_revision_is, get, put
+from etcd_leases.etcd.txn import Txn, create_revision_is, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 #: ``etcdctl lock``'s default ``--ttl``.
@@ -85,13 +85,14 @@ class NativeLock(Queued):
         session = await self._join()
         key = self._key
         holder = pb.RequestOp(request_range=oldest_request(self._prefix))
+        # A new lease, so a new key: Go's "reuse the key" branch never runs.
         txn = Txn.when(create_revision_is(key, 0)).then(put(key, b"", session.lease_id), holder)
         try:
-            response = await self.provider.client.txn(txn.otherwise(get(key), holder).request)
+            response = await self.provider.client.txn(txn.request)
         except BaseException:
             await self.release()  # the put may have landed: revoking deletes it
             raise
-        if not response.succeeded:  # a new lease, so a new key: cannot happen
+        if not response.succeeded:
             await self.release()
             raise LeaseLost(f"{key.decode()} exists already")
         revision = response.header.revision
