@@ -381,3 +381,14 @@ async def test_bad_arguments_are_refused_before_anything_is_sent(
         kind(provider, "x", ttl_s=1.5)  # type: ignore[arg-type]
     with pytest.raises(LeaseValueError, match="ttl_s"):
         kind(provider, "x", ttl_s=0)
+
+
+async def test_a_bad_proposal_is_refused_before_anything_is_sent(
+    provider: EtcdLeaseProvider, name: str
+) -> None:
+    election = NativeElection(provider, name)
+    with pytest.raises(LeaseValueError, match="value"):
+        await election.campaign("")
+    with pytest.raises(LeaseValueError, match="value"):
+        await election.campaign("\ud800")  # not encodable as UTF-8
+    assert election.key is None and await queue(provider, name) == []

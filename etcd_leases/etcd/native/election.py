@@ -22,6 +22,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
+from etcd_leases.contract import check_owner
 from etcd_leases.errors import LeaseLost
 from etcd_leases.etcd.native.keys import oldest_request, wait_turn
 from etcd_leases.etcd.native.queue import Queued
@@ -54,10 +55,11 @@ class NativeElection(Queued):
     async def campaign(self, value: str, timeout: float | None = None) -> int:
         """Enter the election with ``value`` and return once leading: the fencing token.
 
-        Raises ``TimeoutError`` after ``timeout`` seconds (the candidacy is withdrawn),
-        :class:`LeaseLost` if the session ends first. Campaigning again while leading
-        proclaims ``value`` instead.
+        ``value`` is a non-empty str (as an owner is). Raises ``TimeoutError`` after
+        ``timeout`` seconds (the candidacy is withdrawn), :class:`LeaseLost` if the
+        session ends first. Campaigning again while leading proclaims ``value`` instead.
         """
+        check_owner(value, "value")
         if self._holding():
             await self.proclaim(value)
             assert self.token is not None
@@ -83,6 +85,7 @@ class NativeElection(Queued):
 
     async def proclaim(self, value: str) -> None:
         """Change the leader's value without an election (Go's ``Proclaim``)."""
+        check_owner(value, "value")
         self.check()
         assert self._session is not None and self.token is not None
         txn = Txn.when(create_revision_is(self._key, self.token)).then(
