@@ -36,6 +36,7 @@ QUICKSTART = "import asyncio\nfrom etcd_leases import EtcdLeaseProvider\n"
 HOLDING = "async with provider.hold("
 ON_SIGTERM = "import asyncio\nimport contextlib\nimport signal\n"
 ELECTION = "from etcd_leases import Election, EtcdLeaseProvider\n"
+NATIVE = "# One lock and one election shared with etcdctl"
 THREADS = "from etcd_leases.threads import Threads\n"
 BLOCKING = "from etcd_leases.sync import EtcdLeaseProvider\n"
 COMMAND_LINE = "etcd-leases acquire job:42"
@@ -48,6 +49,7 @@ RUN = [
     HOLDING,
     ON_SIGTERM,
     ELECTION,
+    NATIVE,
     THREADS,
     BLOCKING,
     COMMAND_LINE,
@@ -68,6 +70,10 @@ NOT_RUN = {
     "python3 -m venv .venv && . .venv/bin/activate": "a package install",
     "python -m pytest\n": "this test suite",
     DOCTOR_OUTPUT: "the output of `etcd-leases doctor`, checked in test_command_line",
+    "$ etcdctl elect --listen reports": (
+        "etcdctl's output, with lease IDs that change each run; the interop it shows is "
+        "tested in test_native_interop"
+    ),
 }
 
 
@@ -229,6 +235,16 @@ async def test_releasing_on_sigterm(
     finally:
         process.kill()
         process.communicate()
+
+
+def test_etcd_native_elections_and_locks(readme_etcd: EtcdCluster, tmp_path: Path) -> None:
+    done = run_script(block(NATIVE), tmp_path, readme_etcd)
+    assert done.returncode == 0, done.stderr
+    locked, leading = done.stdout.splitlines()
+    lock_token = int(locked.removeprefix("migrating, fencing token "))
+    assert int(leading.removeprefix("leading reports, fencing token ")) > lock_token
+    assert readme_etcd.etcdctl("get", "--prefix", "migrations/") == ""  # released
+    assert readme_etcd.etcdctl("get", "--prefix", "reports/") == ""  # resigned
 
 
 async def test_agent_threads(readme_etcd: EtcdCluster) -> None:

@@ -135,20 +135,64 @@ Global___Event: _TypeAlias = Event  # noqa: Y015
 class RangeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    class _SortOrder:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _SortOrderEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[RangeRequest._SortOrder.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        NONE: RangeRequest._SortOrder.ValueType  # 0
+        ASCEND: RangeRequest._SortOrder.ValueType  # 1
+        DESCEND: RangeRequest._SortOrder.ValueType  # 2
+
+    class SortOrder(_SortOrder, metaclass=_SortOrderEnumTypeWrapper): ...
+    NONE: RangeRequest.SortOrder.ValueType  # 0
+    ASCEND: RangeRequest.SortOrder.ValueType  # 1
+    DESCEND: RangeRequest.SortOrder.ValueType  # 2
+
+    class _SortTarget:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _SortTargetEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[RangeRequest._SortTarget.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        KEY: RangeRequest._SortTarget.ValueType  # 0
+        VERSION: RangeRequest._SortTarget.ValueType  # 1
+        CREATE: RangeRequest._SortTarget.ValueType  # 2
+        MOD: RangeRequest._SortTarget.ValueType  # 3
+        VALUE: RangeRequest._SortTarget.ValueType  # 4
+
+    class SortTarget(_SortTarget, metaclass=_SortTargetEnumTypeWrapper): ...
+    KEY: RangeRequest.SortTarget.ValueType  # 0
+    VERSION: RangeRequest.SortTarget.ValueType  # 1
+    CREATE: RangeRequest.SortTarget.ValueType  # 2
+    MOD: RangeRequest.SortTarget.ValueType  # 3
+    VALUE: RangeRequest.SortTarget.ValueType  # 4
+
     KEY_FIELD_NUMBER: _builtins.int
     RANGE_END_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
+    SORT_ORDER_FIELD_NUMBER: _builtins.int
+    SORT_TARGET_FIELD_NUMBER: _builtins.int
     SERIALIZABLE_FIELD_NUMBER: _builtins.int
     KEYS_ONLY_FIELD_NUMBER: _builtins.int
     COUNT_ONLY_FIELD_NUMBER: _builtins.int
+    MAX_CREATE_REVISION_FIELD_NUMBER: _builtins.int
     key: _builtins.bytes
     range_end: _builtins.bytes
     limit: _builtins.int
     revision: _builtins.int
+    sort_order: Global___RangeRequest.SortOrder.ValueType
+    """Sorting and the create-revision filter: etcd's concurrency recipes
+    (etcd_leases.etcd.native) find the oldest key of a prefix, or the youngest
+    one created before their own, with them.
+    """
+    sort_target: Global___RangeRequest.SortTarget.ValueType
     serializable: _builtins.bool
     keys_only: _builtins.bool
     count_only: _builtins.bool
+    max_create_revision: _builtins.int
     def __init__(
         self,
         *,
@@ -156,13 +200,16 @@ class RangeRequest(_message.Message):
         range_end: _builtins.bytes = ...,
         limit: _builtins.int = ...,
         revision: _builtins.int = ...,
+        sort_order: Global___RangeRequest.SortOrder.ValueType = ...,
+        sort_target: Global___RangeRequest.SortTarget.ValueType = ...,
         serializable: _builtins.bool = ...,
         keys_only: _builtins.bool = ...,
         count_only: _builtins.bool = ...,
+        max_create_revision: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count_only", b"count_only", "key", b"key", "keys_only", b"keys_only", "limit", b"limit", "range_end", b"range_end", "revision", b"revision", "serializable", b"serializable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count_only", b"count_only", "key", b"key", "keys_only", b"keys_only", "limit", b"limit", "max_create_revision", b"max_create_revision", "range_end", b"range_end", "revision", b"revision", "serializable", b"serializable", "sort_order", b"sort_order", "sort_target", b"sort_target"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
