@@ -64,6 +64,15 @@ def test_a_correct_history_with_a_takeover_is_accepted() -> None:
     assert check_inbox(CORRECT, drained=True) == []
 
 
+def test_an_ack_recorded_before_it_is_sent_counts_by_its_answer() -> None:
+    """Workers record each ack before sending it, then with its answer."""
+    sending = acked("a", 1, 5, 0.4, math.inf, answer=None)
+    killed_while_acking = [*CORRECT[:3], sending, *CORRECT[4:]]  # no answered record
+    assert check_inbox(killed_while_acking, drained=True) == []
+    refused = [*CORRECT[:3], sending, acked("a", 1, 5, 0.4, 0.5, answer=False)]
+    assert any("lost: send 'a'" in v for v in check_inbox(refused, drained=True))
+
+
 @pytest.mark.parametrize(
     "name, events, says",
     [

@@ -98,7 +98,7 @@ def _check_thread(events: list[InboxEvent], drained: bool) -> list[str]:
     found: list[str] = []
     sends = [e for e in events if e.kind == "send"]
     deliveries = sorted((e for e in events if e.kind == "deliver"), key=lambda e: e.end)
-    acks = [e for e in events if e.kind == "ack"]
+    acks = _answered_acks([e for e in events if e.kind == "ack"])
     found += _check_sends(sends)
     sent = {e.payload: e for e in sends}
     seqs: dict[str, int | None] = {e.payload: e.seq for e in sends if e.seq is not None}
@@ -134,6 +134,17 @@ def _check_thread(events: list[InboxEvent], drained: bool) -> list[str]:
                 what = its.show() if its else repr(payload)
                 found.append(f"lost: {what} was never acknowledged")
     return found
+
+
+def _answered_acks(acks: list[InboxEvent]) -> list[InboxEvent]:
+    """Each ack once: a worker records an ack before sending it (no answer yet, in case
+    it dies meanwhile) and again once answered; the answered record stands for both."""
+    answered = {(e.payload, e.owner, e.token, e.start) for e in acks if e.end != math.inf}
+    return [
+        e
+        for e in acks
+        if e.end != math.inf or (e.payload, e.owner, e.token, e.start) not in answered
+    ]
 
 
 def _check_sends(sends: list[InboxEvent]) -> list[str]:

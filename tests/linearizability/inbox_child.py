@@ -3,7 +3,8 @@
 ``python -m tests.linearizability.inbox_child <endpoints> <prefix> <name> <log>``
 serves every thread with a handler that writes each delivery and each ack as an
 :class:`~tests.linearizability.inbox.InboxEvent` line (one ``os.write`` a line, so a
-SIGKILL leaves no half line but the last).
+SIGKILL leaves no half line but the last); an ack twice, before it is sent (no answer
+yet) and once answered.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def recording_handler(log: Log) -> Handler:
             log.write("deliver", kind="deliver", start=start, end=time.monotonic(), **seen)
             await asyncio.sleep(0.005)  # the agent's turn
             start, answer = time.monotonic(), None
+            # Written before the ack is sent: a SIGKILL may end the process while the
+            # ack is on its way, and it may land all the same.
+            log.write("ack", kind="ack", start=start, end=None, answer=None, **seen)
             try:
                 await messages.ack(message)
                 answer = True
@@ -42,8 +46,9 @@ def recording_handler(log: Log) -> Handler:
                 answer = False
                 raise
             finally:
-                end = time.monotonic() if answer is not None else None
-                log.write("ack", kind="ack", start=start, end=end, answer=answer, **seen)
+                if answer is not None:
+                    end = time.monotonic()
+                    log.write("ack", kind="ack", start=start, end=end, answer=answer, **seen)
 
     return handle
 
