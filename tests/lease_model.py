@@ -17,9 +17,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from etcd_leases import AcquireResult
+from tests.linearizability.history import Answer, Call
 
 # Clock granularity and rounding between our reading and etcd's, in seconds.
 CLOCK_SLACK = 0.02
@@ -55,39 +55,6 @@ class Held:
 
 
 KeyState = Free | Held
-
-
-@dataclass(frozen=True)
-class Call:
-    """One of the five calls (``name``) on some key, with its other arguments."""
-
-    name: Literal["acquire", "get_owner", "release", "renew", "transfer"]
-    owner: str = ""  # from_owner of a transfer
-    ttl_ms: int = 0
-    to_owner: str = ""
-
-
-def acquire(owner: str, ttl_ms: int) -> Call:
-    return Call("acquire", owner, ttl_ms)
-
-
-def get_owner() -> Call:
-    return Call("get_owner")
-
-
-def release(owner: str) -> Call:
-    return Call("release", owner)
-
-
-def renew(owner: str, ttl_ms: int) -> Call:
-    return Call("renew", owner, ttl_ms)
-
-
-def transfer(from_owner: str, to_owner: str, ttl_ms: int) -> Call:
-    return Call("transfer", from_owner, ttl_ms, to_owner)
-
-
-Answer = AcquireResult | str | bool | None
 
 
 @dataclass(frozen=True)

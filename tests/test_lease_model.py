@@ -9,13 +9,9 @@ from tests.lease_model import (
     Free,
     Held,
     States,
-    acquire,
-    get_owner,
     observe,
-    release,
-    renew,
-    transfer,
 )
+from tests.linearizability.history import acquire, get_owner, release, renew, transfer
 
 START: States = frozenset({(Free(),)})
 

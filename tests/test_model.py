@@ -35,18 +35,17 @@ from etcd_leases import (
 )
 from etcd_leases.contract import MAX_KEY_BYTES, MAX_OWNER_BYTES, MAX_TTL_MS
 from etcd_leases.testing import EtcdCluster, free_ports
-from tests import lease_model as model
 from tests.conftest import unique_prefix
 from tests.lease_model import (
     ETCD,
     MEMORY,
-    Answer,
-    Call,
     Free,
     States,
     Timing,
     observe,
 )
+from tests.linearizability.history import Call, acquire, get_owner, release, renew, transfer
+from tests.linearizability.recorder import send
 
 KEYS = ["k", "thread\x00one", "ключ"]
 OWNERS = ["alice", "bob", "carol"]
@@ -55,27 +54,13 @@ EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "8"))
 MAX_SLEEP_PER_EXAMPLE = 6.0  # seconds: bounds the run, and is past every TTL and slack
 
 calls = st.one_of(
-    st.builds(model.acquire, st.sampled_from(OWNERS), st.sampled_from(TTLS)),
-    st.just(model.get_owner()),
-    st.builds(model.release, st.sampled_from(OWNERS)),
-    st.builds(model.renew, st.sampled_from(OWNERS), st.sampled_from(TTLS)),
-    st.builds(
-        model.transfer, st.sampled_from(OWNERS), st.sampled_from(OWNERS), st.sampled_from(TTLS)
-    ),
+    st.builds(acquire, st.sampled_from(OWNERS), st.sampled_from(TTLS)),
+    st.just(get_owner()),
+    st.builds(release, st.sampled_from(OWNERS)),
+    st.builds(renew, st.sampled_from(OWNERS), st.sampled_from(TTLS)),
+    st.builds(transfer, st.sampled_from(OWNERS), st.sampled_from(OWNERS), st.sampled_from(TTLS)),
 )
 keyed_calls = st.tuples(st.integers(0, len(KEYS) - 1), calls)
-
-
-def send(provider: LeaseProvider, key: str, call: Call) -> Awaitable[Answer]:
-    if call.name == "acquire":
-        return provider.acquire_lease(key, call.owner, call.ttl_ms)
-    if call.name == "get_owner":
-        return provider.get_lease_owner(key)
-    if call.name == "release":
-        return provider.release_lease(key, call.owner)
-    if call.name == "renew":
-        return provider.renew_lease(key, call.owner, call.ttl_ms)
-    return provider.transfer_lease(key, call.owner, call.to_owner, call.ttl_ms)
 
 
 # Bad arguments, each with the error the contract requires: (call, error class).

@@ -3,9 +3,12 @@
 Also the long check, from the repository's root::
 
     python -m tests.linearizability.soak --seconds 300 --runs 5 [--shared-owners]
-        [--binary /usr/bin/etcd] [--no-faults] [--call-timeout 2] [--keep DIR]
+        [--binary /usr/bin/etcd] [--no-faults] [--no-recipes] [--call-timeout 2]
+        [--keep DIR]
 
-Each run starts a three-member cluster, records every call of three processes, checks
+Each run starts a three-member cluster (in network namespaces, for partitions, when
+run as root), records every call of three processes (the plain calls, and those of
+``hold``, ``adopt`` and an election, with each holder's belief that it holds), checks
 the history and prints a violation's printout (see ``report``); it exits 1 if any run
 was not linearizable (or could not be decided in time). ``--keep`` writes the
 histories of such runs as JSON lines, which ``History.load`` reads back to check again.
@@ -15,20 +18,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from etcd_leases.etcd.version import has_bug_15247
 from etcd_leases.testing import EtcdCluster, etcd_version
+from tests.chaos.partitions import Partitions
+from tests.chaos.test_chaos import network
 from tests.linearizability.checker import CheckResult, check
 from tests.linearizability.faults import Fault, Nemesis, stall_spans
 from tests.linearizability.history import History
 from tests.linearizability.report import explain
+from tests.linearizability.workload import TTLS_MS
 
 STARTUP = 3.0  # s the children get to import and connect before the run begins
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,14 +57,15 @@ class Run:
         )
 
 
-async def _children(
+async def _start_children(
     cluster: EtcdCluster,
     owners: Sequence[Sequence[str]],
     start_at: float,
     until: float,
     out: Path,
     call_timeout: float,
-) -> History:
+    recipes: bool,
+) -> list[asyncio.subprocess.Process]:
     endpoints, prefix = cluster.endpoints, f"/lin-{time.time_ns()}/"
     children = []
     for index, its_owners in enumerate(owners):
@@ -72,16 +80,27 @@ async def _children(
             "until": until,
             "seed": int(start_at),
             "out": str(out / f"p{index}.jsonl"),
+            "recipes": recipes,
         }
         children.append(
             await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "tests.linearizability.child", json.dumps(config), cwd=ROOT
             )
         )
-    codes = [await child.wait() for child in children]
-    assert codes == [0] * len(owners), f"a child failed: {codes}"
+    return children
+
+
+async def _histories(children: list[asyncio.subprocess.Process], out: Path) -> History:
+    try:
+        codes = [await child.wait() for child in children]
+    finally:
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+    assert codes == [0] * len(children), f"a child failed: {codes}"
     history = History()
-    for index in range(len(owners)):
+    for index in range(len(children)):
         history.load(str(out / f"p{index}.jsonl"))
     return history
 
@@ -94,23 +113,45 @@ async def recorded_run(
     out: Path,
     faults: bool = True,
     call_timeout: float = 2.0,
+    partitions: Partitions | None = None,
+    recipes: bool = False,
 ) -> Run:
-    """One process per entry of ``owners`` (calling as those owners) for ``seconds``."""
+    """One process per entry of ``owners`` (calling as those owners) for ``seconds``;
+    with ``recipes`` each also holds keys and campaigns (see ``recipes``). Faults: the
+    members' (with ``partitions``, the cluster's namespaces, partitions too) and the
+    processes frozen past their TTLs."""
     start_at = time.monotonic() + STARTUP
     until = start_at + seconds
-    nemesis = Nemesis(cluster, seed=int(start_at))
+    children = await _start_children(cluster, owners, start_at, until, out, call_timeout, recipes)
+    pids = [child.pid for child in children]
+    nemesis = Nemesis(cluster, int(start_at), partitions, pids, max(TTLS_MS) / 1000)
 
     async def inject() -> None:
         await asyncio.sleep(STARTUP)
         if faults:
             await nemesis.run(until)
 
-    history, _ = await asyncio.gather(
-        _children(cluster, owners, start_at, until, out, call_timeout), inject()
-    )
+    history, _ = await asyncio.gather(_histories(children, out), inject())
     spans = stall_spans(nemesis.faults) if has_bug_15247(etcd_version(binary)) else []
     result = check(history, timeout=30, early=spans)
     return Run(history, nemesis.faults, result, start_at)
+
+
+@contextlib.contextmanager
+def partitioned_cluster(binary: str | None) -> Iterator[tuple[EtcdCluster, Partitions | None]]:
+    """Three members, each in a network namespace of its own where this machine allows
+    it (root and ``ip``; ``ETCD_LEASES_REQUIRE_PARTITIONS=1`` makes it a must), so that
+    runs partition them; else on 127.0.0.1, said loudly."""
+    with network(3) as (partitions, where):
+        if partitions is None:
+            print(f"!!! NO NETWORK PARTITIONS IN THIS RUN: {where} !!!", flush=True)
+        with EtcdCluster(
+            3,
+            binary=binary,
+            hosts=partitions.hosts if partitions else (),
+            command_prefixes=partitions.command_prefixes if partitions else (),
+        ) as cluster:
+            yield cluster, partitions
 
 
 def main() -> int:
@@ -120,6 +161,7 @@ def main() -> int:
     parser.add_argument("--binary", default=None, help="etcd binary (default: found on PATH)")
     parser.add_argument("--shared-owners", action="store_true", help="same owner ids everywhere")
     parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument("--no-recipes", action="store_true", help="no hold, adopt or election")
     parser.add_argument("--call-timeout", type=float, default=2.0, help="the providers' timeout")
     parser.add_argument("--keep", type=Path, help="write each failed run's history here")
     args = parser.parse_args()
@@ -127,7 +169,10 @@ def main() -> int:
     owners = [["o0", "o1", "o2"]] * 3 if args.shared_owners else own
     failed = 0
     for number in range(args.runs):
-        with EtcdCluster(3, binary=args.binary) as cluster, tempfile.TemporaryDirectory() as out:
+        with (
+            partitioned_cluster(args.binary) as (cluster, partitions),
+            tempfile.TemporaryDirectory() as out,
+        ):
             run = asyncio.run(
                 recorded_run(
                     cluster,
@@ -137,6 +182,8 @@ def main() -> int:
                     Path(out),
                     not args.no_faults,
                     args.call_timeout,
+                    partitions,
+                    not args.no_recipes,
                 )
             )
         print(f"run {number}: {run.summary()}", flush=True)

@@ -63,11 +63,14 @@ async def _run(provider: LeaseProvider, task: Task, until: float, seed: str) -> 
 
 
 async def drive(
-    clients: Mapping[str, tuple[LeaseProvider, Sequence[Task]]], until: float, seed: int = 0
+    clients: Mapping[str, tuple[LeaseProvider, Sequence[Task]]],
+    until: float,
+    seed: int = 0,
+    history: History | None = None,
 ) -> History:
     """Run each client's tasks through its provider until ``until`` (monotonic time);
-    every call recorded under the client's name."""
-    history = History()
+    every call recorded under the client's name (into ``history``, if given)."""
+    history = History() if history is None else history
     async with asyncio.TaskGroup() as group:
         for name, (provider, tasks) in clients.items():
             recorded = RecordingProvider(provider, history, name)
