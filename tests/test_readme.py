@@ -68,6 +68,10 @@ NOT_RUN = {
     "python3 -m venv .venv && . .venv/bin/activate": "a package install",
     "python -m pytest\n": "this test suite",
     DOCTOR_OUTPUT: "the output of `etcd-leases doctor`, checked in test_command_line",
+    "docker build -f deploy/Dockerfile": (
+        "needs a Docker engine and a cluster; test_deploy runs the image's install and "
+        "renders and checks the overlay"
+    ),
 }
 
 
