@@ -43,7 +43,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from etcd_leases import __version__
 from etcd_leases.contract import AcquireResult, HoldingProvider, Keeper, OwnerState
-from etcd_leases.errors import BackendError, BackendUnavailable, PermissionDenied
+from etcd_leases.errors import BackendError, BackendUnavailable, LeaseError, PermissionDenied
 from etcd_leases.etcd.kept_lease import DEADLINE_PASSED
 from etcd_leases.hold import Holding
 
@@ -217,6 +217,8 @@ class MeteredProvider(Holding):
         except (TimeoutError, BackendUnavailable):
             self.metrics.etcd_reachable.set(0)
             return False
+        except LeaseError:  # answered, with a refusal (permission denied...)
+            pass
         self.metrics.etcd_reachable.set(1)
         return True
 

@@ -12,12 +12,13 @@ from etcd_leases import (
     EtcdLeaseProvider,
     HeldLease,
     HoldingProvider,
+    PermissionDenied,
     ProviderClosed,
     __version__,
 )
 from etcd_leases.metrics import LeaseMetrics, MeteredProvider
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import Live, eventually, unique_prefix
+from tests.conftest import Live, enable_auth, eventually, unique_prefix
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -158,5 +159,21 @@ async def test_build_info_keepalive_round_trips_and_etcd_reachability(etcd_binar
                 assert value(registry, "etcd_leases_etcd_reachable") == 0
             finally:
                 etcd.members[0].resume()
+            assert await metered.etcd_answers("job", timeout=10.0)
+            assert value(registry, "etcd_leases_etcd_reachable") == 1
+
+
+async def test_a_refused_read_still_shows_etcd_reachable(etcd_binary: str) -> None:
+    """etcd that answers "permission denied" is reachable: readiness is about etcd
+    answering, not about this user's rights."""
+    registry = CollectorRegistry()
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        enable_auth(etcd)
+        async with EtcdLeaseProvider(
+            etcd.endpoints, username="app", password="apppw", prefix="/forbidden/"
+        ) as provider:
+            metered = MeteredProvider(provider, LeaseMetrics(registry))
+            with pytest.raises(PermissionDenied):
+                await provider.get_lease_owner("job")
             assert await metered.etcd_answers("job", timeout=10.0)
             assert value(registry, "etcd_leases_etcd_reachable") == 1
