@@ -4,6 +4,7 @@ event loop and failing for a term held past its lease, ``/readyz`` following etc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
 import time
@@ -59,7 +60,7 @@ async def test_a_blocked_event_loop_fails_liveness(live: Live) -> None:
 
 
 async def blocked_loop_probes(metered: MeteredProvider, thread_port: int) -> None:
-    async with Health(metered, "seat", liveness_timeout=20) as health:
+    async with contextlib.aclosing(Health(metered, "seat", liveness_timeout=20)) as health:
         port = await health.serve("127.0.0.1", 0)
         assert await asyncio.to_thread(probe, port, "/healthz") == (200, "ok\n")
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from types import TracebackType
 
 import prometheus_client
 
@@ -133,16 +132,8 @@ class Health:
             return ("200 OK" if ok else "503 Service Unavailable"), f"{why}\n".encode(), text
         return "404 Not Found", b"/metrics, /healthz or /readyz\n", text
 
-    async def __aenter__(self) -> Health:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Stop serving and checking."""
+    async def aclose(self) -> None:
+        """Stop serving and checking (``contextlib.aclosing(health)`` calls it)."""
         self.holding(None)
         if self._checker is not None:
             self._checker.cancel()

@@ -97,7 +97,7 @@ async def metered(
             "--metrics-port needs prometheus-client: pip install 'etcd-leases[metrics]'"
         ) from None
     wrapped = MeteredProvider(provider)
-    async with Health(wrapped, key, args.liveness_timeout) as health:
+    async with contextlib.aclosing(Health(wrapped, key, args.liveness_timeout)) as health:
         try:
             await health.serve(args.metrics_address, args.metrics_port)
         except OSError as exc:  # in use, or an address not of this host
