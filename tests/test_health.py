@@ -18,7 +18,7 @@ from etcd_leases.cli.health import Health
 from etcd_leases.metrics import LeaseMetrics, MeteredProvider
 from etcd_leases.testing import EtcdCluster, free_ports
 from tests.cli import cli_env, running
-from tests.conftest import Live
+from tests.conftest import Live, unique_prefix
 
 
 def probe(port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -115,3 +115,15 @@ def test_elect_probes_follow_etcd_and_a_term_held_past_its_lease(etcd_binary: st
             finally:
                 etcd.members[0].resume()
             probe_until(port, "/readyz", 200)
+
+
+def test_run_serves_the_probes_while_it_holds_its_lease(etcd: EtcdCluster) -> None:
+    (port,) = free_ports(1)
+    env = cli_env(etcd, unique_prefix())
+    args = ["run", "job", "--json", "--metrics-port", str(port), "--", "sleep", "60"]
+    with running(args, env=env) as (run,):
+        run.event_named("started")
+        assert probe(port, "/healthz") == (200, "ok\n")
+        assert probe_until(port, "/readyz", 200) == "ok\n"
+        assert "etcd_leases_leases_held 1.0" in probe(port, "/metrics")[1]
+        assert probe(port, "/nothing")[0] == 404
