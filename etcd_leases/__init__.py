@@ -1,6 +1,13 @@
 """etcd-leases: one owner per key across processes, on etcd."""
 
+import importlib.metadata
 import logging
+
+try:
+    #: The installed distribution's version (package metadata).
+    __version__ = importlib.metadata.version("etcd-leases")
+except importlib.metadata.PackageNotFoundError:  # imported from a checkout that was never installed
+    __version__ = "0+unknown"
 
 from etcd_leases.contract import (
     AcquireResult,

@@ -19,7 +19,16 @@ Metrics (all prefixed ``etcd_leases_``):
 - ``renewals_failed_total``: of those, the ones whose TTL ran out with no renewal
   answered (etcd unreachable, process stalled);
 - ``leader{election}``: 1 while this process leads the election, else 0, as
-  client-go's ``leader_election_master_status`` (set with :meth:`LeaseMetrics.set_leading`).
+  client-go's ``leader_election_master_status`` (set with :meth:`LeaseMetrics.set_leading`);
+- ``build_info{version}``: always 1; the library's version in its label;
+- ``etcd_reachable``: 1 while etcd answers, 0 from the moment a call or check found it
+  unreachable (set by every call, keep-alive answer and :meth:`MeteredProvider.etcd_answers`);
+- ``keepalive_round_trip_seconds``: histogram of keep-alive round trips (request sent to
+  answer read), on an :class:`EtcdLeaseProvider`.
+
+prometheus_client also exports a ``_created`` series beside every counter and
+histogram by default; call ``prometheus_client.disable_created_metrics()`` once at
+start-up to leave them out (``etcd-leases run`` / ``elect`` do).
 """
 
 from __future__ import annotations
@@ -32,7 +41,9 @@ from typing import Any, Self, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from etcd_leases import __version__
 from etcd_leases.contract import AcquireResult, HoldingProvider, Keeper, OwnerState
+from etcd_leases.errors import BackendError, BackendUnavailable, LeaseError, PermissionDenied
 from etcd_leases.etcd.kept_lease import DEADLINE_PASSED
 from etcd_leases.hold import Holding
 
@@ -79,6 +90,24 @@ class LeaseMetrics:
             ["election"],
             registry=registry,
         )
+        self.build_info = Gauge(
+            "etcd_leases_build_info",
+            "Always 1; the etcd-leases version in its label",
+            ["version"],
+            registry=registry,
+        )
+        self.build_info.labels(version=__version__).set(1)
+        self.etcd_reachable = Gauge(
+            "etcd_leases_etcd_reachable",
+            "1 while etcd answers, 0 since a call or check found it unreachable",
+            registry=registry,
+        )
+        self.keepalive_round_trip = Histogram(
+            "etcd_leases_keepalive_round_trip_seconds",
+            "Keep-alive round trips, from request sent to answer read",
+            buckets=_BUCKETS,
+            registry=registry,
+        )
 
     @classmethod
     def default(cls) -> LeaseMetrics:
@@ -90,6 +119,11 @@ class LeaseMetrics:
     def set_leading(self, election: str, leading: bool) -> None:
         """Record whether this process leads ``election`` (from Election.run's callbacks)."""
         self.leader.labels(election=election).set(1 if leading else 0)
+
+    def keepalive_answered(self, round_trip_s: float) -> None:
+        """A keep-alive was answered after ``round_trip_s``: etcd is reachable."""
+        self.keepalive_round_trip.observe(round_trip_s)
+        self.etcd_reachable.set(1)
 
 
 class MeteredKeeper:
@@ -169,6 +203,24 @@ class MeteredProvider(Holding):
         # The tenures kept through us, so a release or transfer by their holder,
         # which the backend may report as a loss first, is not counted as one.
         self._kept: dict[tuple[str, str], MeteredKeeper] = {}
+        # An EtcdLeaseProvider's client reports its keep-alives' round trips.
+        observers = getattr(getattr(provider, "client", None), "keepalive_observers", None)
+        if isinstance(observers, list):
+            observers.append(self.metrics.keepalive_answered)
+
+    async def etcd_answers(self, key: str, timeout: float) -> bool:
+        """Whether etcd answers a read of ``key`` within ``timeout`` seconds (a
+        linearizable read on etcd: a quorum answered); sets ``etcd_reachable``."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self.provider.get_lease_owner(key)
+        except (TimeoutError, BackendUnavailable):
+            self.metrics.etcd_reachable.set(0)
+            return False
+        except LeaseError:  # answered, with a refusal (permission denied...)
+            pass
+        self.metrics.etcd_reachable.set(1)
+        return True
 
     async def _measure(self, call: str, awaitable: Awaitable[T]) -> T:
         started = time.perf_counter()
@@ -176,9 +228,14 @@ class MeteredProvider(Holding):
         try:
             result = await awaitable
             outcome = _outcome(result)
+            self.metrics.etcd_reachable.set(1)
             return result
         except BaseException as exc:
             outcome = type(exc).__name__
+            if isinstance(exc, BackendUnavailable):
+                self.metrics.etcd_reachable.set(0)
+            elif isinstance(exc, BackendError | PermissionDenied):  # answered: full, refused
+                self.metrics.etcd_reachable.set(1)
             raise
         finally:
             self.metrics.calls.labels(call=call, outcome=outcome).inc()

@@ -7,10 +7,18 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from etcd_leases import Election, EtcdLeaseProvider, HeldLease, HoldingProvider, ProviderClosed
+from etcd_leases import (
+    Election,
+    EtcdLeaseProvider,
+    HeldLease,
+    HoldingProvider,
+    PermissionDenied,
+    ProviderClosed,
+    __version__,
+)
 from etcd_leases.metrics import LeaseMetrics, MeteredProvider
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import Live, eventually, unique_prefix
+from tests.conftest import Live, enable_auth, eventually, unique_prefix
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -130,3 +138,42 @@ async def test_the_leader_gauge_set_from_election_run_follows_the_seat(live: Liv
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_build_info_keepalive_round_trips_and_etcd_reachability(etcd_binary: str) -> None:
+    registry = CollectorRegistry()
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        async with EtcdLeaseProvider(etcd.endpoints, timeout=1.0) as provider:
+            metered = MeteredProvider(provider, LeaseMetrics(registry))
+            assert value(registry, "etcd_leases_build_info", version=__version__) == 1
+            assert value(registry, "etcd_leases_etcd_reachable") == 0  # nothing answered yet
+            round_trips = "etcd_leases_keepalive_round_trip_seconds_count"
+            async with metered.hold("job", "alice", 3000):  # renewed every second
+                assert value(registry, "etcd_leases_etcd_reachable") == 1
+                await eventually(lambda: value(registry, round_trips) >= 2, "two keep-alives")
+            assert value(registry, "etcd_leases_keepalive_round_trip_seconds_sum") > 0
+
+            etcd.members[0].pause()
+            try:
+                assert not await metered.etcd_answers("job", timeout=1.0)
+                assert value(registry, "etcd_leases_etcd_reachable") == 0
+            finally:
+                etcd.members[0].resume()
+            assert await metered.etcd_answers("job", timeout=10.0)
+            assert value(registry, "etcd_leases_etcd_reachable") == 1
+
+
+async def test_a_refused_read_still_shows_etcd_reachable(etcd_binary: str) -> None:
+    """etcd that answers "permission denied" is reachable: readiness is about etcd
+    answering, not about this user's rights."""
+    registry = CollectorRegistry()
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        enable_auth(etcd)
+        async with EtcdLeaseProvider(
+            etcd.endpoints, username="app", password="apppw", prefix="/forbidden/"
+        ) as provider:
+            metered = MeteredProvider(provider, LeaseMetrics(registry))
+            with pytest.raises(PermissionDenied):
+                await provider.get_lease_owner("job")
+            assert await metered.etcd_answers("job", timeout=10.0)
+            assert value(registry, "etcd_leases_etcd_reachable") == 1

@@ -74,6 +74,10 @@ NOT_RUN = {
         "etcdctl's output, with lease IDs that change each run; the interop it shows is "
         "tested in test_native_interop"
     ),
+    "docker build -f deploy/Dockerfile": (
+        "needs a Docker engine and a cluster; test_deploy runs the image's install and "
+        "renders and checks the overlay"
+    ),
 }
 
 

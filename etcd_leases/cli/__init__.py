@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import logging
 import os
 import signal
 import sys
 from collections.abc import Sequence
 
+import etcd_leases
 from etcd_leases.cli import (
     contract,
     dead_letters,
@@ -49,18 +49,11 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[shared_flags(in_command=False)],
     )
-    top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    top.add_argument("--version", action="version", version=f"%(prog)s {etcd_leases.__version__}")
     commands = top.add_subparsers(metavar="COMMAND", required=True)
     for group in (contract, listing, doctor, run, elect, server, demo, dead_letters):
         group.add_commands(Commands(commands, shared_flags(in_command=True)))
     return top
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("etcd-leases")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
-        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

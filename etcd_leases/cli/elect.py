@@ -39,17 +39,20 @@ async def _elect(args: argparse.Namespace, out: Output) -> int:
     candidate = args.id or supervise.default_owner()
     exit_code: int | None = None  # the command's, if it ends on its own
     with supervise.StopSignals() as stop:
-        async with open_provider(args) as provider:
-            holding, metrics = supervise.metered(provider, args)
+        async with (
+            open_provider(args) as provider,
+            supervise.metered(provider, args, args.name) as (holding, health),
+        ):
             election = Election(holding, args.name, candidate, args.ttl)
 
-            def set_leading(leading: bool) -> None:
-                if metrics is not None:
-                    metrics.set_leading(args.name, leading)
+            def set_leading(lease: HeldLease | None) -> None:
+                if health is not None:
+                    health.metered.metrics.set_leading(args.name, lease is not None)
+                    health.holding(lease)
 
             async def lead(lease: HeldLease) -> None:
                 nonlocal exit_code
-                set_leading(True)
+                set_leading(lease)
                 text = f"{escape(candidate)} leads {escape(args.name)}"
                 child = await supervise.start_command(
                     command,
@@ -71,13 +74,13 @@ async def _elect(args: argparse.Namespace, out: Output) -> int:
                     raise
 
             def stopped_leading() -> None:
-                set_leading(False)
+                set_leading(None)
 
             def new_leader(leader: str | None) -> None:
                 text = "the seat is empty" if leader is None else f"leader: {escape(leader)}"
                 out.event("leader", text, election=args.name, leader=leader)
 
-            set_leading(False)
+            set_leading(None)
             out.note(f"{escape(candidate)} campaigns for {escape(args.name)}")
             await election.run(lead, stopped_leading, new_leader, stop=stop.event)
     # Otherwise run returned because a signal set the stop event.

@@ -14,7 +14,14 @@ from etcd_leases.etcd.provider import DEFAULT_PREFIX
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 #: Flags that take a duration; ``--ttl -5s`` must reach them, not look like a flag.
-DURATION_FLAGS = ("--ttl", "--grace", "--wait", "--command-timeout", "--dial-timeout")
+DURATION_FLAGS = (
+    "--ttl",
+    "--grace",
+    "--wait",
+    "--command-timeout",
+    "--dial-timeout",
+    "--liveness-timeout",
+)
 
 
 class Commands:

@@ -45,7 +45,9 @@ async def _run(args: argparse.Namespace, out: Output) -> int:
     with supervise.StopSignals() as stop:
         async with AsyncExitStack() as stack:
             provider = await stack.enter_async_context(open_provider(args))
-            holding, _ = supervise.metered(provider, args)
+            holding, health = await stack.enter_async_context(
+                supervise.metered(provider, args, args.key)
+            )
             if args.wait != 0 and (holder := await provider.get_lease_owner(args.key)):
                 out.note(f"waiting for {escape(args.key)}, held by {escape(holder)}")
             wait: bool | float = True if args.wait < 0 else args.wait
@@ -66,6 +68,8 @@ async def _run(args: argparse.Namespace, out: Output) -> int:
                 return exits.NO
             if lease is None:
                 return 128 + (stop.signal or signal.SIGTERM)
+            if health is not None:
+                health.holding(lease)
             text = f"{escape(args.key)} held by {escape(owner)}"
             child = await supervise.start_command(
                 command,

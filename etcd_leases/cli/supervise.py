@@ -18,7 +18,8 @@ import shutil
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from etcd_leases.cli.exits import UsageError, signal_code
@@ -29,7 +30,7 @@ from etcd_leases.hold import HeldLease
 from etcd_leases.providers import EtcdLeaseProvider
 
 if TYPE_CHECKING:
-    from etcd_leases.metrics import LeaseMetrics
+    from etcd_leases.cli.health import Health
 
 T = TypeVar("T")
 
@@ -38,9 +39,19 @@ def add_supervision_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grace", type=duration, default=10.0, help="SIGTERM to SIGKILL, when stopping CMD (10s)"
     )
-    parser.add_argument("--metrics-port", type=port, help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--metrics-port",
+        type=port,
+        help="serve /metrics, /healthz (liveness) and /readyz (etcd answers) on this port",
+    )
     parser.add_argument(
         "--metrics-address", default="127.0.0.1", help="address to serve metrics on (127.0.0.1)"
+    )
+    parser.add_argument(
+        "--liveness-timeout",
+        type=duration,
+        default=20.0,
+        help="/healthz fails once the lease has been lost this long while still held (20s)",
     )
     parser.epilog = "The command to run follows the options, after --: ... -- CMD [ARG...]"
 
@@ -67,32 +78,35 @@ def default_owner() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def metered(
-    provider: EtcdLeaseProvider, args: argparse.Namespace
-) -> tuple[HoldingProvider, LeaseMetrics | None]:
-    """``provider``, counted and served over HTTP when ``--metrics-port`` is given.
-
-    With the metrics, or ``None`` without ``--metrics-port``.
+@asynccontextmanager
+async def metered(
+    provider: EtcdLeaseProvider, args: argparse.Namespace, key: str
+) -> AsyncIterator[tuple[HoldingProvider, Health | None]]:
+    """``provider``, counted, with metrics and probes served over HTTP (see
+    :mod:`~etcd_leases.cli.health`) when ``--metrics-port`` is given; ``key`` is
+    read to check etcd. With the probes' state, or ``None`` without ``--metrics-port``.
     """
     if args.metrics_port is None:
-        return provider, None
+        yield provider, None
+        return
     try:
-        import prometheus_client
-
+        from etcd_leases.cli.health import Health
         from etcd_leases.metrics import MeteredProvider
     except ImportError:
         raise UsageError(
             "--metrics-port needs prometheus-client: pip install 'etcd-leases[metrics]'"
         ) from None
-    try:
-        prometheus_client.start_http_server(args.metrics_port, args.metrics_address)
-    except OSError as exc:  # in use, or an address not of this host
-        where = f"{args.metrics_address}:{args.metrics_port}"
-        raise UsageError(
-            f"--metrics-port {args.metrics_port}: cannot serve on {where}: {exc.strerror or exc}"
-        ) from None
     wrapped = MeteredProvider(provider)
-    return wrapped, wrapped.metrics
+    async with contextlib.aclosing(Health(wrapped, key, args.liveness_timeout)) as health:
+        try:
+            await health.serve(args.metrics_address, args.metrics_port)
+        except OSError as exc:  # in use, or an address not of this host
+            where = f"{args.metrics_address}:{args.metrics_port}"
+            raise UsageError(
+                f"--metrics-port {args.metrics_port}: cannot serve on {where}: "
+                f"{exc.strerror or exc}"
+            ) from None
+        yield wrapped, health
 
 
 async def start_command(

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import grpc
@@ -110,6 +110,9 @@ class EtcdClient:
         self.auth = Auth(self.members, username, password, timeout)
         #: The version of the first member that told us, once one has.
         self.server_version: str | None = None
+        #: Called with each keep-alive's round trip in seconds, from request sent to
+        #: answer read (the metrics' latency histogram listens here).
+        self.keepalive_observers: list[Callable[[float], None]] = []
 
     @property
     def endpoints(self) -> list[str]:

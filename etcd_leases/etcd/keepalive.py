@@ -378,6 +378,8 @@ class KeepAliveLoop:
             sent_at, answer = inflight
             if answer is not None and not answer.done():
                 answer.set_result((sent_at, max(0, response.TTL)))
+            for observe in self._client.keepalive_observers:
+                observe(now - sent_at)
         kept = self._kept.get(response.ID)
         if kept is None:
             return
