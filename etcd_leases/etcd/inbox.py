@@ -40,9 +40,11 @@ from etcd_leases.etcd.dead_letters import EtcdDeadLetters
 from etcd_leases.etcd.inbox_keys import InboxKeys, id_of, key_of
 from etcd_leases.etcd.provider import EtcdBackend
 from etcd_leases.etcd.send_ids import Tombstone, TombstoneLeases, evictions
+from etcd_leases.etcd.thread_control import EtcdThreadControl
 from etcd_leases.etcd.txn import (
     Txn,
     delete,
+    first_in_range,
     first_kv,
     get,
     mod_revision_is,
@@ -52,7 +54,7 @@ from etcd_leases.etcd.txn import (
     value_is,
 )
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
-from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox
+from etcd_leases.inbox import Acked, InboxFull, Message, check_append, not_in_inbox
 from etcd_leases.send_ids import SendId
 
 
@@ -96,6 +98,7 @@ class EtcdInbox:
         self._queues: dict[str, _SendQueue] = {}
         self._tombstone_leases = TombstoneLeases(backend.client)
         self._dead = EtcdDeadLetters(backend, self.keys)
+        self._control = EtcdThreadControl(backend, self.keys)
 
     def _message(self, thread: str, kv: pb.KeyValue) -> Message:
         return Message(thread, self.keys.seq_of(thread, kv.key), kv.value, id_of(kv.key))
@@ -103,15 +106,20 @@ class EtcdInbox:
     # The capability.
 
     async def append(
-        self, thread: str, payload: bytes, max_pending: int, send_id: SendId | None = None
+        self,
+        thread: str,
+        payload: bytes,
+        max_pending: int,
+        send_id: SendId | None = None,
+        wake: bool = True,
     ) -> Message:
-        data = check_append(thread, payload, max_pending, send_id)
+        data = check_append(thread, payload, max_pending, send_id, wake)
         self._client.check_open()
         queue = self._queues.setdefault(thread, _SendQueue())
         queue.users += 1
         try:
             async with queue.lock:
-                return await self._append(thread, data, max_pending, queue, send_id)
+                return await self._append(thread, data, max_pending, queue, send_id, wake)
         finally:
             queue.users -= 1
             if not queue.users:
@@ -124,6 +132,7 @@ class EtcdInbox:
         max_pending: int,
         queue: _SendQueue,
         send_id: SendId | None,
+        wake: bool,
     ) -> Message:
         seq_key, nonce = self.keys.seq(thread), secrets.token_hex(8)
         seq_kv = queue.seq_kv
@@ -138,6 +147,8 @@ class EtcdInbox:
                 end = self.keys.messages(thread, below_seq=oldest_allowed)
                 compares.append(range_is_empty(self.keys.messages(thread), end))
             ops = [put(key, data), get(seq_key)]
+            if wake:
+                ops.append(put(self.keys.wake(thread), b""))
             if send_id is not None:
                 ids_used += 1
                 tomb_key = self.keys.send_id(thread, send_id.id)
@@ -203,7 +214,34 @@ class EtcdInbox:
                     last = batch[-1].seq if batch else 0
                     yield batch
 
-    async def ack(self, key: str, owner: str, token: int, message: Message) -> bool:
+    async def wake(self, thread: str) -> bool:
+        check_key(thread, "thread")
+        self._client.check_open()
+        return await self._control.wake(thread)
+
+    async def count_woken(self, thread: str) -> int:
+        check_key(thread, "thread")
+        self._client.check_open()
+        return await self._control.count_woken(thread)
+
+    async def cancel_pending(self, key: str, thread: str) -> int:
+        check_key(key)
+        check_key(thread, "thread")
+        self._client.check_open()
+        return await self._control.cancel_pending(key, thread)
+
+    async def abort(self, key: str, thread: str) -> bool:
+        check_key(key)
+        check_key(thread, "thread")
+        self._client.check_open()
+        return await self._control.abort(key, thread)
+
+    async def aborted(self, thread: str, token: int) -> None:
+        check_key(thread, "thread")
+        self._client.check_open()
+        await self._control.aborted(thread, token)
+
+    async def ack(self, key: str, owner: str, token: int, message: Message) -> Acked | None:
         check_key(key)
         check_owner(owner)
         message_key = self._key_of(message)
@@ -212,10 +250,17 @@ class EtcdInbox:
         txn = Txn.when(mod_revision_is(lease_key, token), value_is(lease_key, owner.encode()))
         # Deleting an absent key succeeds, so a lost answer can be settled by asking again.
         counter = self.keys.delivery(message.thread, message.seq)
+        messages = self.keys.messages(message.thread)
+        waiting = first_in_range(messages, prefix_end(messages))
+        last = get(self.keys.seq(message.thread))
         response, _ = await self._backend._send_copies(
-            txn.then(delete(message_key), delete(counter))
+            txn.then(delete(message_key), delete(counter), waiting, last)
         )
-        return response.succeeded
+        if not response.succeeded:
+            return None
+        first, seq = (op.response_range.kvs for op in response.responses[2:])
+        first_seq = self.keys.seq_of(message.thread, first[0].key) if first else None
+        return Acked(first_seq, _counts(seq[0])[0] if seq else 0)
 
     async def deliver(self, key: str, owner: str, token: int, message: Message) -> int:
         check_key(key)
@@ -266,7 +311,7 @@ class EtcdInbox:
                 value_is(lease_key, owner.encode()),
                 range_is_empty(messages, prefix_end(messages)),
             )
-            .then(get(lease_key), delete(lease_key))
+            .then(get(lease_key), delete(lease_key), delete(self.keys.wake(thread)))
             .otherwise(get(lease_key))
         )
         response, answers_lost = await self._backend._send_copies(txn)
@@ -283,10 +328,10 @@ class EtcdInbox:
 
     async def watch_threads(self) -> AsyncGenerator[str, None]:
         self._client.check_open()
-        everyone = self._watch_range(self.keys.all_messages(), keys_only=True)
-        async with contextlib.aclosing(everyone) as batches:
+        woken = self._watch_range(self.keys.all_wakes(), keys_only=True)
+        async with contextlib.aclosing(woken) as batches:
             async for kvs in batches:
-                for thread in dict.fromkeys(self.keys.thread_of(kv.key) for kv in kvs):
+                for thread in dict.fromkeys(self.keys.thread_of_wake(kv.key) for kv in kvs):
                     if thread is not None:
                         yield thread
 
