@@ -17,6 +17,7 @@ import pytest
 from etcd_leases import EtcdLeaseProvider, HeldLease
 from etcd_leases.testing import EtcdCluster
 from etcd_leases.threads import ThreadMessages, Threads
+from tests.cli import cli_env, json_of, run_cli
 from tests.conftest import eventually, unique_prefix
 from tests.test_threads_processes import Processes, processes, read_history
 
@@ -134,3 +135,27 @@ async def test_cancel_pending_from_another_process_keeps_the_message_being_handl
         await until_free(provider, threads.key("t"))
         assert [r["payload"] for r in events(tmp_path, "handled")] == ["hold"]
         assert await provider.inbox.pending("t") == []
+
+
+async def test_the_command_line_sends_wakes_aborts_and_cancels(
+    etcd: EtcdCluster, tmp_path: Path, workers: tuple[str, Processes]
+) -> None:
+    prefix, _ = workers
+    await ready(tmp_path)
+    env = cli_env(etcd, prefix)
+    sent = run_cli("send", "t", "hold", "--json", env=env)
+    assert sent.returncode == 0, sent.stderr
+    assert json_of(sent) == {"thread": "t", "seq": 1, "duplicate": False}
+    await eventually(lambda: happened(tmp_path, "handled", payload="hold"), "held", 60)
+    aborted = run_cli("abort", "t", env=env)
+    assert (aborted.returncode, aborted.stdout) == (0, "t: its run aborted\n"), aborted.stderr
+    await eventually(lambda: happened(tmp_path, "cancelled"), "the handler cancelled", 60)
+    assert run_cli("abort", "nobody", env=env).returncode == 1
+    for _ in range(2):
+        quiet = run_cli("send", "q", "x", "--no-wake", "--send-id", "req-1", env=env)
+        assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout == "q: already stored as 1\n"
+    assert run_cli("wake", "empty", env=env).returncode == 1
+    cancelled = run_cli("cancel-pending", "q", "--json", env=env)
+    assert json_of(cancelled) == {"thread": "q", "cancelled": 1}
+    assert events(tmp_path, "handled", thread="q") == []
