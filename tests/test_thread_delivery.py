@@ -177,3 +177,28 @@ async def test_an_abort_stops_only_the_run_it_names(live: Live) -> None:
     await threads.send("t", "last", run=True)
     assert handler.acked == ["hold", "last"]
     assert handler.cancelled == [first]
+
+
+async def test_a_busy_handler_takes_in_the_messages_sent_since(live: Live) -> None:
+    taken: list[str] = []
+    busy = asyncio.Event()
+
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        async for message in messages:
+            busy.set()
+            while len(taken) < 2:  # an agent loop: between its steps, what came meanwhile
+                taken.extend(m.text for m in messages.take_waiting())
+                await asyncio.sleep(0.01)
+            assert message.text == "first"
+            for handed in list(messages.handed.values()):  # "first" and those taken
+                await messages.ack(handed)
+
+    threads = Threads(live.provider, handle, ttl_ms=5000)
+    await threads.send("t", "first")
+    running = asyncio.create_task(threads.run("t"))
+    await asyncio.wait_for(busy.wait(), 10)
+    await threads.send("t", "second", wake=False)
+    await threads.send("t", "third")
+    assert await asyncio.wait_for(running, 10)
+    assert taken == ["second", "third"]
+    assert await live.provider.inbox.pending("t") == []

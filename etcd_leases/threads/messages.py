@@ -17,8 +17,9 @@ class ThreadMessages:
 
     ``async for message in messages`` yields every message waiting when the run
     started, then each one sent while it runs (delivered by watch, within
-    milliseconds). Iteration ends once nothing is waiting and nothing arrived for
-    ``linger`` seconds; a message that arrives later goes to a follow-up run.
+    milliseconds); :meth:`take_waiting` takes those queued now without waiting.
+    Iteration ends once nothing is waiting and nothing arrived for ``linger``
+    seconds; a message that arrives later goes to a follow-up run.
     ``await messages.ack(message)`` removes it, fenced by the run's token: it raises
     :class:`LeaseLost` once the run has lost its thread. Each ack also drops from the
     run's queue the messages ``cancel_pending`` deleted meanwhile, so a handler that
@@ -63,6 +64,17 @@ class ThreadMessages:
         self._waiting.popleft()
         if message is not None:
             self._waiting.appendleft(message)
+
+    def take_waiting(self) -> list[Message]:
+        """Every message queued for this run now, without waiting, each handed to the
+        caller as if iterated: for a handler busy with one message (an agent loop
+        between two steps) that takes in those sent since. Acknowledge each as usual."""
+        if self._closed:
+            return []
+        taken = list(self._waiting)
+        self._waiting.clear()
+        self.handed.update((message.seq, message) for message in taken)
+        return taken
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return self

@@ -58,6 +58,10 @@ class SyncThreadMessages:
         """Remove ``message``, fenced by the run's token (``LeaseLost`` once it is lost)."""
         self._portal.call(self._messages.ack, message)
 
+    def take_waiting(self) -> list[Message]:
+        """Blocking :meth:`ThreadMessages.take_waiting`."""
+        return self._portal.call(self._messages.take_waiting)
+
     @property
     def aborted(self) -> bool:
         """Whether the run was aborted: stop, the messages handed are done with."""
