@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Awaitable, Callable
 
 from etcd_leases.cli import exits
 from etcd_leases.cli.connection import open_provider
@@ -10,6 +11,8 @@ from etcd_leases.cli.dead_letters import never_runs
 from etcd_leases.cli.options import Commands
 from etcd_leases.cli.output import Output, escape
 from etcd_leases.threads import Threads
+
+Handler = Callable[[argparse.Namespace, Output], Awaitable[int]]
 
 
 def add_commands(commands: Commands) -> None:
@@ -50,20 +53,23 @@ async def _send(args: argparse.Namespace, out: Output) -> int:
     return exits.OK
 
 
-async def _wake(args: argparse.Namespace, out: Output) -> int:
-    async with open_provider(args) as provider:
-        woken = await Threads(provider, never_runs).wake(args.thread)
-    text = "woken" if woken else "nothing waiting; not woken"
-    out.result(f"{escape(args.thread)}: {text}", thread=args.thread, woken=woken)
-    return exits.OK if woken else exits.NO
+def _yes_or_no(
+    call: Callable[[Threads, str], Awaitable[bool]], field: str, yes: str, no: str
+) -> Handler:
+    """A command calling ``call(threads, thread)``: exit 0 when it says yes, else 1."""
+
+    async def command(args: argparse.Namespace, out: Output) -> int:
+        async with open_provider(args) as provider:
+            done = await call(Threads(provider, never_runs), args.thread)
+        text = f"{escape(args.thread)}: {yes if done else no}"
+        out.result(text, thread=args.thread, **{field: done})
+        return exits.OK if done else exits.NO
+
+    return command
 
 
-async def _abort(args: argparse.Namespace, out: Output) -> int:
-    async with open_provider(args) as provider:
-        aborted = await Threads(provider, never_runs).abort(args.thread)
-    text = "its run aborted" if aborted else "no run holds it; nothing aborted"
-    out.result(f"{escape(args.thread)}: {text}", thread=args.thread, aborted=aborted)
-    return exits.OK if aborted else exits.NO
+_wake = _yes_or_no(Threads.wake, "woken", "woken", "nothing waiting; not woken")
+_abort = _yes_or_no(Threads.abort, "aborted", "its run aborted", "no run holds it; nothing aborted")
 
 
 async def _cancel_pending(args: argparse.Namespace, out: Output) -> int:
