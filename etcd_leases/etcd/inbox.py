@@ -1,6 +1,7 @@
 """EtcdInbox: the threads' inboxes as etcd keys beside the leases, each step one txn.
 
-The keys are laid out in :mod:`etcd_leases.etcd.inbox_keys`.
+The keys are laid out in :mod:`etcd_leases.etcd.inbox_keys`; waking, aborting and
+cancelling are in :mod:`etcd_leases.etcd.thread_control`.
 
 **Order = acknowledgement order.** An append reads the thread's ``seq`` key (n) and
 commits ``seq = n + 1`` and the message under ``n + 1`` in one txn that compares the
@@ -13,10 +14,11 @@ order seq order, and watch events (revision order) follow it too.
 left, so at most ``max_pending`` are ever waiting (exactly, when acks follow seq order;
 an out-of-order ack only makes the bound stricter).
 
-**No lost wake-up.** ``release_if_empty`` deletes the lease key in one txn that
-compares its owner and token *and* that the thread's message range is empty (an etcd
-compare over ``range_end``): a message committed before it makes it fail; one after it
-finds the thread free.
+**No lost wake-up.** ``release_if_empty`` deletes the lease key (and the thread's
+wake mark) in one txn that compares its owner and token *and* that the thread's
+message range is empty (an etcd compare over ``range_end``): a message committed
+before it makes it fail; a waking one after it finds the thread free and puts the
+mark again, which serving workers watch.
 
 **Unknown outcomes.** A txn whose answer is lost is sent again, identically: it
 compares the same ``seq`` revision, so the copies commit at most once, and the nonce
