@@ -152,3 +152,28 @@ def test_quiet_sends_wake_and_cancel_pending_from_threads(providers: list[Provid
     assert other.wake("t")
     assert threads.run("t")
     assert [payload for _, payload, _, _ in handled.seen] == ["kept"]
+
+
+def test_a_busy_blocking_handler_takes_in_what_was_sent_since(providers: list[Provider]) -> None:
+    busy, sent = threading.Event(), threading.Event()
+    taken: list[str] = []
+
+    def handle(thread: str, lease: SyncHeldLease, messages: SyncThreadMessages) -> None:
+        for message in messages:
+            busy.set()
+            assert sent.wait(10)
+            deadline = time.monotonic() + 10
+            while not taken and time.monotonic() < deadline:  # between two steps
+                taken.extend(m.text for m in messages.take_waiting())
+                time.sleep(0.01)
+            messages.ack(message)
+
+    threads = Threads(providers[0], handle, ttl_ms=5000)
+    threads.send("t", "first")
+    running = threading.Thread(target=threads.run, args=("t",))
+    running.start()
+    assert busy.wait(10)
+    Threads(providers[1], Recorder()).send("t", "second", wake=False)
+    sent.set()
+    running.join(20)
+    assert taken == ["second"]
