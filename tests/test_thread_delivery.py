@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from etcd_leases import HeldLease, LeaseValueError
+from etcd_leases import HeldLease, LeaseValueError, hold
 from etcd_leases.threads import ThreadMessages, Threads
 from tests.conftest import Live, eventually
 
@@ -202,3 +202,22 @@ async def test_a_busy_handler_takes_in_the_messages_sent_since(live: Live) -> No
     assert await asyncio.wait_for(running, 10)
     assert taken == ["second", "third"]
     assert await live.provider.inbox.pending("t") == []
+
+
+async def test_an_abort_seen_before_its_run_waits_still_stops_it(live: Live) -> None:
+    inbox = live.provider.inbox
+    async with (
+        hold(live.provider, "thread/other", "run-o", 5000) as other,
+        hold(live.provider, "thread/t", "run-t", 5000) as held,
+    ):
+        waiting = asyncio.create_task(inbox.aborted("other", other.token))
+        await asyncio.sleep(0)  # it waits: on etcd, the shared watch of aborts is up
+        assert await inbox.abort("thread/t", "t")
+        assert await inbox.abort("thread/other", "other")
+        await asyncio.wait_for(waiting, 10)  # the watch has shown both aborts, in order
+        await asyncio.wait_for(inbox.aborted("t", held.token), 10)
+        # An abort of another tenure of the thread ends nothing.
+        stale = asyncio.create_task(inbox.aborted("t", held.token + 1))
+        await asyncio.sleep(0.2)
+        assert not stale.done()
+        stale.cancel()

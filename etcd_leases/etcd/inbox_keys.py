@@ -59,8 +59,12 @@ class InboxKeys:
     def wake(self, thread: str) -> bytes:
         return self.all_wakes() + self._name(thread)
 
+    def all_aborts(self) -> bytes:
+        """The prefix of every thread's abort key."""
+        return self.root + b"abort/"
+
     def abort(self, thread: str) -> bytes:
-        return self.root + b"abort/" + self._name(thread)
+        return self.all_aborts() + self._name(thread)
 
     def messages(self, thread: str, *, below_seq: int | None = None) -> bytes:
         """The prefix of ``thread``'s messages; with ``below_seq``, the end of their
@@ -103,10 +107,19 @@ class InboxKeys:
 
     def thread_of_wake(self, key: bytes) -> str | None:
         """The thread a wake mark belongs to (``None`` for anything else)."""
-        length, slash, rest = key[len(self.all_wakes()) :].partition(b"/")
-        if not slash or not length.isdigit() or len(rest) != int(length):
-            return None
-        return rest.decode("utf-8", errors="replace")
+        return _thread_named(key[len(self.all_wakes()) :])
+
+    def thread_of_abort(self, key: bytes) -> str | None:
+        """The thread an abort key belongs to (``None`` for anything else)."""
+        return _thread_named(key[len(self.all_aborts()) :])
+
+
+def _thread_named(name: bytes) -> str | None:
+    """The thread whose ``_name`` is ``name`` (``None`` if it is none)."""
+    length, slash, rest = name.partition(b"/")
+    if not slash or not length.isdigit() or len(rest) != int(length):
+        return None
+    return rest.decode("utf-8", errors="replace")
 
 
 def id_of(key: bytes) -> str:

@@ -6,8 +6,9 @@
   message and starts nothing.
 - **Abort.** ``abort/<thread>`` holds the token of the tenure aborted, written in a txn
   that compares that this tenure holds the lease key, under the tenure's etcd lease (it
-  goes with it). A run watches the key from its token on and stops only for its own
-  token: tokens grow, so an abort of an earlier tenure never stops a later one.
+  goes with it). A run stops only for its own token (one watch of every abort key
+  serves a provider's runs, :mod:`etcd_leases.etcd.abort_watch`): an abort of an
+  earlier tenure never stops a later one.
 - **Cancel.** One txn deletes the thread's messages, all of them while the thread is
   free, all but the first in line while a tenure holds it. It compares what was read
   (the lease key, the ``seq`` key, the first message), so the count read is the count
@@ -16,7 +17,8 @@
 
 from __future__ import annotations
 
-from etcd_leases.errors import BackendUnavailable, ProviderClosed
+from etcd_leases.errors import BackendUnavailable
+from etcd_leases.etcd.abort_watch import AbortWatch
 from etcd_leases.etcd.inbox_keys import InboxKeys
 from etcd_leases.etcd.provider import EtcdBackend
 from etcd_leases.etcd.txn import (
@@ -40,6 +42,7 @@ class EtcdThreadControl:
     def __init__(self, backend: EtcdBackend, keys: InboxKeys) -> None:
         self._backend = backend
         self._keys = keys
+        self._aborts = AbortWatch(backend, keys)
 
     async def _read(self, txn: Txn) -> pb.TxnResponse:
         """A txn of reads alone, sent by itself: etcd answers it without a raft write,
@@ -117,17 +120,4 @@ class EtcdThreadControl:
                 return True
 
     async def aborted(self, thread: str, token: int) -> None:
-        key, mine = self._keys.abort(thread), b"%d" % token
-        watcher = self._backend._watches.watch(key, token + 1)
-        try:
-            async for events in watcher:
-                if events:
-                    values = [event.kv.value for event in events if event.type == pb.Event.PUT]
-                else:  # history compacted: read the key as it is now
-                    kv = await self._backend.client.range(key)
-                    values = [kv.value] if kv is not None else []
-                if mine in values:
-                    return
-        finally:
-            watcher.cancel()
-        raise ProviderClosed("the watch of the thread's aborts ended")
+        await self._aborts.aborted(thread, token)
