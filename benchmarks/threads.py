@@ -6,7 +6,8 @@
 
 One process: a serving worker (its own provider, so its own connection) and senders
 (another provider). Latency is from just before ``send()`` to the handler receiving
-the message, and to its acknowledgement returning. Prints figures; asserts no timing.
+the message, and to its acknowledgement returning; for ``abort()``, from just before
+the call to the handler seeing its cancellation. Prints figures; asserts no timing.
 """
 
 from __future__ import annotations
@@ -96,6 +97,42 @@ async def scenario(
     )
 
 
+async def aborts(endpoints: Sequence[str], n: int) -> None:
+    """``n`` runs, each aborted from the sender's provider while its handler works."""
+    prefix = f"/etcd-leases-bench-threads/{uuid.uuid4().hex}/"
+    working, cancelled = asyncio.Event(), asyncio.Event()
+    took: list[float] = []
+
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        async for _ in messages:
+            working.set()
+            try:
+                await asyncio.Event().wait()  # an agent turn that never ends by itself
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+    async with (
+        EtcdLeaseProvider(endpoints, prefix=prefix) as worker_side,
+        EtcdLeaseProvider(endpoints, prefix=prefix) as sender_side,
+    ):
+        stop = asyncio.Event()
+        serving = asyncio.create_task(Threads(worker_side, handle, worker="bench").serve(stop))
+        sender = Threads(sender_side, handle, worker="sender")
+        for i in range(n):
+            working.clear()
+            cancelled.clear()
+            await sender.send(f"thread-{i}", "work")
+            await asyncio.wait_for(working.wait(), 60)
+            started = time.monotonic()
+            assert await sender.abort(f"thread-{i}")
+            await asyncio.wait_for(cancelled.wait(), 60)
+            took.append(time.monotonic() - started)
+        stop.set()
+        await serving
+    print(f"{'abort() -> handler cancelled':<44} {ms(took, 50):>7} {ms(took, 99):>7}")
+
+
 async def run(endpoints: Sequence[str], quick: bool) -> None:
     n = 300 if quick else 2000
     print(f"{'':<44} {'delivered ms':>15} {'acked ms':>15} {'msgs/s':>8}")
@@ -104,6 +141,7 @@ async def run(endpoints: Sequence[str], quick: bool) -> None:
     await scenario(endpoints, "one thread, one send at a time, run per msg", n // 10, 1, 1, 0.0)
     await scenario(endpoints, "one thread, 16 concurrent senders", n, 1, 16, 0.05)
     await scenario(endpoints, "100 threads, 64 concurrent senders", n, 100, 64, 0.05)
+    await aborts(endpoints, n // 20)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

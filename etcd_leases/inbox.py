@@ -63,6 +63,24 @@ class Message:
         return self.payload.decode("utf-8")
 
 
+@dataclass(frozen=True)
+class Acked:
+    """The answer to an acknowledgement that applied.
+
+    Just after it, ``last_seq`` was the thread's last seq and ``first_waiting`` the
+    seq of the first message still waiting (``None``: none). A message numbered up to
+    ``last_seq`` and below ``first_waiting`` is gone: a run drops it from its queue
+    (``cancel_pending`` deleted it meanwhile).
+    """
+
+    first_waiting: int | None
+    last_seq: int
+
+    def removed(self, seq: int) -> bool:
+        """Whether message ``seq`` was no longer in the inbox just after the ack."""
+        return seq <= self.last_seq and (self.first_waiting is None or seq < self.first_waiting)
+
+
 @runtime_checkable
 class Inbox(Protocol):
     """Per-thread queues of messages; fenced by the tenure of a lease key.
@@ -71,18 +89,31 @@ class Inbox(Protocol):
       inbox; :class:`InboxFull` if ``max_pending`` messages are already waiting.
       With a ``send_id`` (:mod:`etcd_leases.send_ids`) already used within its window,
       nothing is stored: the earlier send's message comes back, ``duplicate`` set.
+      ``wake`` (default) marks the thread *woken* in the same step; ``wake=False``
+      stores the message and leaves the mark as it was.
+    - ``wake``: mark ``thread`` woken if messages are waiting; whether any were.
+    - ``count_woken``: how many messages wait in ``thread``'s inbox if it is woken,
+      else 0 (quiet messages alone wake nobody).
     - ``pending``: the messages waiting now, in seq order.
     - ``count_pending``: how many messages are waiting now, without reading them.
     - ``watch``: the messages waiting now (one batch, maybe empty), then each batch of
       new ones as they are appended; seq order throughout, each message once.
     - ``ack``: remove ``message`` only while the tenure ``token`` of ``owner`` holds
-      the lease ``key``, atomically; ``False`` when it does not. A message whose id
-      is not one of ``message.thread``'s is refused (``LeaseValueError``).
+      the lease ``key``, atomically; :class:`Acked` when it did, ``None`` when the
+      tenure does not hold it. A message whose id is not one of ``message.thread``'s
+      is refused (``LeaseValueError``).
     - ``release_if_empty``: free the lease ``key`` only if ``owner``'s tenure ``token``
-      still holds it **and** ``thread``'s inbox is empty, in one atomic step; ``False``
-      (nothing changed) otherwise.
-    - ``watch_threads``: each thread with messages waiting now, then the thread of
-      every message appended (repeats are possible).
+      still holds it **and** ``thread``'s inbox is empty, in one atomic step (which
+      also clears the thread's wake mark); ``False`` (nothing changed) otherwise.
+    - ``watch_threads``: each woken thread now, then the thread of every waking
+      append and ``wake`` (repeats are possible).
+    - ``cancel_pending``: delete, in one atomic step, every message waiting in
+      ``thread``'s inbox, except the first in line while a tenure holds the lease
+      ``key`` (the message its run is handling); how many were deleted.
+    - ``abort``: record an abort of the tenure holding the lease ``key`` now, naming
+      its token; whether a tenure held it.
+    - ``aborted``: return once an abort of ``thread``'s tenure ``token`` is recorded
+      (an abort of another tenure never ends it).
     - ``deliver``: count one more delivery of ``message`` (a run starting with it
       first in line), fenced like ``ack``; the count so far, kept until the message
       is acknowledged or dead-lettered, whoever runs the thread; 0 when the tenure no
@@ -94,8 +125,17 @@ class Inbox(Protocol):
     """
 
     async def append(
-        self, thread: str, payload: bytes, max_pending: int, send_id: SendId | None = None
+        self,
+        thread: str,
+        payload: bytes,
+        max_pending: int,
+        send_id: SendId | None = None,
+        wake: bool = True,
     ) -> Message: ...
+
+    async def wake(self, thread: str) -> bool: ...
+
+    async def count_woken(self, thread: str) -> int: ...
 
     async def pending(self, thread: str) -> list[Message]: ...
 
@@ -103,7 +143,7 @@ class Inbox(Protocol):
 
     def watch(self, thread: str) -> AsyncGenerator[list[Message], None]: ...
 
-    async def ack(self, key: str, owner: str, token: int, message: Message) -> bool: ...
+    async def ack(self, key: str, owner: str, token: int, message: Message) -> Acked | None: ...
 
     async def release_if_empty(self, key: str, owner: str, token: int, thread: str) -> bool: ...
 
@@ -118,6 +158,12 @@ class Inbox(Protocol):
     async def dead_letters(self, thread: str) -> list[DeadLetter]: ...
 
     async def drop_dead_letter(self, letter: DeadLetter) -> bool: ...
+
+    async def cancel_pending(self, key: str, thread: str) -> int: ...
+
+    async def abort(self, key: str, thread: str) -> bool: ...
+
+    async def aborted(self, thread: str, token: int) -> None: ...
 
 
 @runtime_checkable
@@ -145,7 +191,11 @@ def payload_bytes(payload: object, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
 
 
 def check_append(
-    thread: object, payload: object, max_pending: object, send_id: object = None
+    thread: object,
+    payload: object,
+    max_pending: object,
+    send_id: object = None,
+    wake: object = True,
 ) -> bytes:
     """The checks of :meth:`Inbox.append`: a thread named like a key, a bounded payload.
 
@@ -156,6 +206,8 @@ def check_append(
     check_max_pending(max_pending)
     if send_id is not None and not isinstance(send_id, SendId):
         raise LeaseTypeError(f"send_id must be a SendId, not {type(send_id).__name__}")
+    if not isinstance(wake, bool):
+        raise LeaseTypeError(f"wake must be a bool, not {type(wake).__name__}")
     return data
 
 

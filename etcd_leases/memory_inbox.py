@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator
 from etcd_leases.contract import check_key, check_owner
 from etcd_leases.dead_letters import DeadLetter
 from etcd_leases.errors import ProviderClosed
-from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox
+from etcd_leases.inbox import Acked, InboxFull, Message, check_append, not_in_inbox
 from etcd_leases.memory import MemoryBackend
 from etcd_leases.send_ids import SendId
 
@@ -34,11 +34,19 @@ class MemoryInbox:
         self._send_ids: dict[str, OrderedDict[str, tuple[Message, float]]] = {}
         self._deliveries: dict[str, int] = {}  # message id -> deliveries counted
         self._dead: dict[str, dict[str, DeadLetter]] = {}
+        self._woken: set[str] = set()
+        self._aborts: dict[str, int] = {}  # thread -> the token of its last abort
+        self._abort_signals: dict[str, asyncio.Event] = {}
 
     async def append(
-        self, thread: str, payload: bytes, max_pending: int, send_id: SendId | None = None
+        self,
+        thread: str,
+        payload: bytes,
+        max_pending: int,
+        send_id: SendId | None = None,
+        wake: bool = True,
     ) -> Message:
-        data = check_append(thread, payload, max_pending, send_id)
+        data = check_append(thread, payload, max_pending, send_id, wake)
         self._backend._check_open()
         if send_id is not None and (earlier := self._sent_before(thread, send_id)):
             return Message(thread, earlier.seq, data, earlier.id, duplicate=True)
@@ -56,9 +64,27 @@ class MemoryInbox:
                 ids.popitem(last=False)
         for queue in self._watchers.get(thread, ()):
             queue.put_nowait([message])
+        if wake:
+            self._wake(thread)
+        return message
+
+    def _wake(self, thread: str) -> None:
+        self._woken.add(thread)
         for threads in self._thread_watchers:
             threads.put_nowait(thread)
-        return message
+
+    async def wake(self, thread: str) -> bool:
+        check_key(thread, "thread")
+        self._backend._check_open()
+        if not self._messages.get(thread):
+            return False
+        self._wake(thread)
+        return True
+
+    async def count_woken(self, thread: str) -> int:
+        check_key(thread, "thread")
+        self._backend._check_open()
+        return len(self._messages.get(thread, {})) if thread in self._woken else 0
 
     def _sent_before(self, thread: str, send_id: SendId) -> Message | None:
         """The message of an earlier send with this id, if it is still remembered."""
@@ -92,12 +118,13 @@ class MemoryInbox:
         finally:
             self._watchers[thread].discard(queue)
 
-    async def ack(self, key: str, owner: str, token: int, message: Message) -> bool:
+    async def ack(self, key: str, owner: str, token: int, message: Message) -> Acked | None:
         self._check_fenced(key, owner, message)
         if not self._backend._holds(key, owner, token):
-            return False
+            return None
         self._remove(message)
-        return True
+        first = min(self._messages.get(message.thread, {}), default=None)
+        return Acked(first, self._last_seq.get(message.thread, 0))
 
     def _remove(self, message: Message) -> bool:
         waiting = self._messages.get(message.thread, {})
@@ -153,7 +180,38 @@ class MemoryInbox:
         if not self._backend._holds(key, owner, token) or self._messages.get(thread):
             return False
         self._backend._set(key, None, "released")
+        self._woken.discard(thread)
         return True
+
+    async def cancel_pending(self, key: str, thread: str) -> int:
+        check_key(key)
+        check_key(thread, "thread")
+        self._backend._check_open()
+        waiting = self._messages.get(thread, {})
+        held = self._backend._holder(key) is not None
+        dropped = sorted(waiting)[1:] if held else list(waiting)
+        for seq in dropped:
+            self._remove(waiting[seq])
+        if not held:
+            self._woken.discard(thread)
+        return len(dropped)
+
+    async def abort(self, key: str, thread: str) -> bool:
+        check_key(key)
+        check_key(thread, "thread")
+        self._backend._check_open()
+        tenure = self._backend._holder(key)
+        if tenure is None:
+            return False
+        self._aborts[thread] = tenure.token
+        if (signal := self._abort_signals.pop(thread, None)) is not None:
+            signal.set()
+        return True
+
+    async def aborted(self, thread: str, token: int) -> None:
+        check_key(thread, "thread")
+        while self._aborts.get(thread) != token:
+            await self._abort_signals.setdefault(thread, asyncio.Event()).wait()
 
     async def watch_threads(self) -> AsyncGenerator[str, None]:
         self._backend._check_open()
@@ -161,7 +219,7 @@ class MemoryInbox:
         self._thread_watchers.add(queue)
         try:
             for name, waiting in list(self._messages.items()):
-                if waiting:
+                if waiting and name in self._woken:
                     yield name
             while (appended_to := await queue.get()) is not None:
                 yield appended_to

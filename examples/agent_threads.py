@@ -13,9 +13,13 @@ little and writes a reply, fenced by its run's token). Then, in order:
 4. a message the agent can never answer (a poison message) is delivered three times,
    with a backoff in between, then lands in its thread's dead letters, where it is
    listed and dropped; the send that posted it, retried with its send id, stores
-   nothing the second time.
+   nothing the second time;
+5. a long agent turn is aborted from the demo's process: the worker running it sees
+   the cancellation within milliseconds, and the thread is free again; then a note
+   sent with ``wake=False`` waits for the next turn instead of starting one.
 
-It ends once every message has its reply (or is a dead letter).
+It ends once every message has its reply (or is a dead letter, or was aborted, or
+waits quietly for a next turn).
 
     python examples/agent_threads.py
 """
@@ -50,6 +54,8 @@ def fake_agent(worker: str, think: float, replies: str) -> Handler:
         log(worker, f"runs {thread} (token {lease.token})")
         answered = 0
         async for message in messages:
+            if message.text.startswith("long"):
+                await long_turn(worker, thread, lease)
             await asyncio.sleep(think)  # the model call would go here
             if message.text.startswith("poison"):
                 log(worker, f"  {thread} #{message.seq}: cannot answer (try {message.attempt})")
@@ -64,6 +70,22 @@ def fake_agent(worker: str, think: float, replies: str) -> Handler:
                 return  # the inbox goes to a follow-up run, handed the thread at once
 
     return handle
+
+
+async def long_turn(worker: str, thread: str, lease: HeldLease) -> None:
+    """A turn that takes a minute: it says so (fenced), then waits to be aborted."""
+    log(worker, f"  {thread}: a long turn begins")
+    await lease.put(f"{working_of(lease.key)}", worker)
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        log(worker, f"  {thread}: aborted mid-turn (cancelled)")
+        raise
+
+
+def working_of(key: str) -> str:
+    """Where a run says it is in a long turn."""
+    return f"working/{key}"
 
 
 async def work(endpoints: str, prefix: str, worker: str) -> None:
@@ -155,6 +177,23 @@ async def demo(
             log("demo", f"dead letter #{letter.seq} {letter.text!r}: {letter.attempts} tries")
             await senders.drop_dead_letter(letter)
         log("demo", "the poison message is in the dead letters (dropped); nothing waits")
+
+        log("demo", "5. a long turn, aborted from here; a quiet note for the next turn")
+        thread = "grace/chat-7"
+        await senders.send(thread, "long task: plan the quarter")
+        working = working_of(senders.key(thread))
+        for _ in range(1200):  # until its handler says it is at work
+            if await provider.get_value(working) is not None:
+                break
+            await asyncio.sleep(0.05)
+        aborted = await senders.abort(thread)  # the worker logs when its handler sees it
+        log("demo", f"abort({thread!r}) -> {aborted}")
+        await next_owner(provider, senders.key(thread), lambda owner: owner is None)
+        left = len(await provider.inbox.pending(thread))
+        log("demo", f"{thread} is free; the aborted turn's message is gone ({left} waiting)")
+        await senders.send(thread, "note: the budget is due friday", wake=False)
+        quiet = [m.text for m in await provider.inbox.pending(thread)]
+        log("demo", f"a quiet note waits for the next turn, no run started: {quiet}")
 
 
 async def next_owner(

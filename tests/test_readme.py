@@ -25,6 +25,7 @@ import pytest
 
 from etcd_leases import EtcdLeaseProvider
 from etcd_leases.testing import EtcdCluster, free_ports
+from etcd_leases.threads import Threads
 from tests.conftest import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +39,7 @@ ON_SIGTERM = "import asyncio\nimport contextlib\nimport signal\n"
 ELECTION = "from etcd_leases import Election, EtcdLeaseProvider\n"
 NATIVE = "# One lock and one election shared with etcdctl"
 THREADS = "from etcd_leases.threads import Threads\n"
+DELIVERY_MODES = "await threads.send("
 BLOCKING = "from etcd_leases.sync import EtcdLeaseProvider\n"
 COMMAND_LINE = "etcd-leases acquire job:42"
 METRICS = "import prometheus_client\n"
@@ -51,6 +53,7 @@ RUN = [
     ELECTION,
     NATIVE,
     THREADS,
+    DELIVERY_MODES,
     BLOCKING,
     COMMAND_LINE,
     METRICS,
@@ -271,6 +274,17 @@ async def test_agent_threads(readme_etcd: EtcdCluster) -> None:
     ]
 
 
+async def test_delivery_modes(readme_etcd: EtcdCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    async def handle(*_: object) -> None:
+        raise AssertionError("no worker runs here")
+
+    async with EtcdLeaseProvider(readme_etcd.endpoints, prefix=f"/{uuid.uuid4().hex}/") as p:
+        threads = Threads(p, handle)
+        await fragment(block(DELIVERY_MODES), "threads")(threads)
+        assert await p.inbox.pending("bob\0chat-2") == []
+    assert capsys.readouterr().out == "no run held the thread\n1 queued messages dropped\n"
+
+
 async def test_blocking_api(
     readme_etcd: EtcdCluster, provider: EtcdLeaseProvider, tmp_path: Path
 ) -> None:
@@ -293,6 +307,10 @@ COMMANDS_RUN = {
     "list": 0,
     "doctor": 0,
     "run": 0,
+    "send": 0,
+    "wake": 0,  # a message waits (no worker serves here)
+    "abort": 1,  # no run holds the thread
+    "cancel-pending": 0,
 }
 # dead-letters needs a thread with dead letters: tests/test_threads_processes.py runs it.
 COMMANDS_NOT_RUN = {"watch", "elect", "server", "demo", "dead-letters"}
@@ -325,6 +343,7 @@ def test_command_line(readme_etcd: EtcdCluster, tmp_path: Path) -> None:
         outputs[words[1]] = done.stdout
     assert outputs["owner"].strip() == "worker-a"
     assert "nightly with token" in outputs["run"]
+    assert outputs["cancel-pending"] == "chat-1: 1 cancelled\n"
     # The shape of doctor's output the README shows (both etcd versions have the bug).
     doctor = block(DOCTOR_OUTPUT).splitlines()[0].split(":")[-1]
     assert doctor.split(",")[1:2] == [" raft leader"], doctor

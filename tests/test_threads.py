@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -376,3 +377,33 @@ async def test_a_run_that_ends_normally_logs_no_loss(
         await asyncio.sleep(0.2)  # the key's watch event of the release arrives
     assert handled.payloads("quiet") == ["m"]
     assert [r.getMessage() for r in caplog.records if "lost" in r.getMessage()] == []
+
+
+async def test_hand_offs_and_aborts_are_not_logged_as_losses(
+    live: Live, caplog: pytest.LogCaptureFixture
+) -> None:
+    one_per_run: list[str] = []
+    started = asyncio.Event()
+
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        async for message in messages:
+            if message.text == "abort me":
+                started.set()
+                await asyncio.Event().wait()
+            await messages.ack(message)
+            one_per_run.append(message.text)
+            return  # the rest goes to a follow-up run: a hand-off each time
+
+    threads = Threads(live.provider, handle, ttl_ms=5000)
+    for text in ("a", "b", "c", "abort me", "d"):
+        await threads.send("t", text)
+    with caplog.at_level("INFO", logger="etcd_leases"):
+        running = asyncio.create_task(threads.run("t"))
+        await asyncio.wait_for(started.wait(), 10)
+        assert await threads.abort("t")
+        assert await asyncio.wait_for(running, 10)
+        await asyncio.sleep(0.2)  # the key's watch events of the hand-offs arrive
+    assert one_per_run == ["a", "b", "c", "d"]
+    ours = [r for r in caplog.records if r.name in ("etcd_leases.hold", "etcd_leases.threads")]
+    assert [r.getMessage() for r in ours if r.levelno >= logging.WARNING] == []
+    assert sum("handed off" in r.getMessage() for r in caplog.records) == 4

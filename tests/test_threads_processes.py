@@ -281,3 +281,6 @@ def test_the_example_runs_to_its_end(etcd: EtcdCluster) -> None:
     assert done.returncode == 0, done.stderr
     assert "every one of the 17 messages has its reply; no thread is held" in done.stdout
     assert "killed worker-" in done.stdout
+    assert "abort('grace/chat-7') -> True" in done.stdout
+    assert "grace/chat-7: aborted mid-turn (cancelled)" in done.stdout
+    assert "the aborted turn's message is gone (0 waiting)" in done.stdout

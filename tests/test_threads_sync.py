@@ -112,3 +112,68 @@ def test_a_send_retried_from_another_client_with_its_send_id_is_a_duplicate(
     again = two.send("t", "hello", send_id="req-1", run=True)
     assert not first.duplicate and again.duplicate and again.id == first.id
     assert handled == ["hello"]
+
+
+def test_an_abort_ends_a_blocking_handlers_messages(providers: list[Provider]) -> None:
+    holding, aborted = threading.Event(), threading.Event()
+
+    def handle(thread: str, lease: SyncHeldLease, messages: SyncThreadMessages) -> None:
+        for message in messages:
+            holding.set()
+            # A thread cannot be cancelled: it checks between steps of its work.
+            while not messages.aborted:
+                time.sleep(0.01)
+            aborted.set()
+            assert list(messages) == []  # its messages have ended
+            messages.ack(message)  # harmless: the abort acknowledged it already
+
+    threads = Threads(providers[0], handle, ttl_ms=5000)
+    other = Threads(providers[1], Recorder())
+    threads.send("t", "hold")
+    running = threading.Thread(target=threads.run, args=("t",))
+    running.start()
+    assert holding.wait(10)
+    assert other.abort("t")
+    running.join(10)
+    assert not running.is_alive()
+    assert aborted.is_set()
+    assert providers[1].get_lease_owner(threads.key("t")) is None
+    assert not other.abort("t")
+
+
+def test_quiet_sends_wake_and_cancel_pending_from_threads(providers: list[Provider]) -> None:
+    handled = Recorder()
+    threads = Threads(providers[0], handled, ttl_ms=5000)
+    other = Threads(providers[1], Recorder())
+    other.send("t", "dropped", wake=False)
+    assert other.cancel_pending("t") == 1
+    assert not other.wake("t")
+    other.send("t", "kept", wake=False)
+    assert other.wake("t")
+    assert threads.run("t")
+    assert [payload for _, payload, _, _ in handled.seen] == ["kept"]
+
+
+def test_a_busy_blocking_handler_takes_in_what_was_sent_since(providers: list[Provider]) -> None:
+    busy, sent = threading.Event(), threading.Event()
+    taken: list[str] = []
+
+    def handle(thread: str, lease: SyncHeldLease, messages: SyncThreadMessages) -> None:
+        for message in messages:
+            busy.set()
+            assert sent.wait(10)
+            deadline = time.monotonic() + 10
+            while not taken and time.monotonic() < deadline:  # between two steps
+                taken.extend(m.text for m in messages.take_waiting())
+                time.sleep(0.01)
+            messages.ack(message)
+
+    threads = Threads(providers[0], handle, ttl_ms=5000)
+    threads.send("t", "first")
+    running = threading.Thread(target=threads.run, args=("t",))
+    running.start()
+    assert busy.wait(10)
+    Threads(providers[1], Recorder()).send("t", "second", wake=False)
+    sent.set()
+    running.join(20)
+    assert taken == ["second"]

@@ -9,6 +9,7 @@ of the machine, so the parent can order events across processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -131,11 +132,42 @@ async def crasher(endpoints: str, prefix: str, name: str, path: str) -> None:
         await threads.serve()
 
 
+async def gated(endpoints: str, prefix: str, name: str, path: str) -> None:
+    """A worker whose handler holds each message ``hold`` until the lease key ``go`` is
+    taken (then acknowledges it), recording what it handles and each cancellation."""
+    log = Log(path, name)
+
+    async def until_go(provider: EtcdLeaseProvider) -> None:
+        async with contextlib.aclosing(provider.watch_owner("go")) as states:
+            async for state in states:
+                if state.owner is not None:
+                    return
+
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        try:
+            async for message in messages:
+                seen = {"thread": thread, "payload": message.text, "token": lease.token}
+                log.write("handled", **seen)
+                if message.text == "hold":
+                    await until_go(provider)
+                await messages.ack(message)
+                log.write("acked", **seen)
+        except asyncio.CancelledError:
+            log.write("cancelled", thread=thread, token=lease.token)
+            raise
+
+    async with EtcdLeaseProvider(endpoints, prefix=prefix) as provider:
+        threads = Threads(provider, handle, worker=name, ttl_ms=10_000)
+        log.write("ready")
+        await threads.serve()
+
+
 ROLES: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
     "worker": worker,
     "serverless": serverless,
     "retrier": retrier,
     "crasher": crasher,
+    "gated": gated,
 }
 
 if __name__ == "__main__":

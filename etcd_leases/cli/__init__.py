@@ -1,7 +1,8 @@
 """The ``etcd-leases`` command: the lease contract, inspection and supervision from a shell.
 
 One module per group of commands (:mod:`contract`, :mod:`listing`, :mod:`doctor`,
-:mod:`run`, :mod:`elect`, :mod:`server`, :mod:`demo`, :mod:`dead_letters`);
+:mod:`run`, :mod:`elect`, :mod:`server`, :mod:`demo`, :mod:`dead_letters`,
+:mod:`thread_control`);
 :mod:`options` holds the shared flags, :mod:`connection` what they say about etcd,
 :mod:`output` the text and ``--json`` output, :mod:`exits` the exit codes.
 """
@@ -27,6 +28,7 @@ from etcd_leases.cli import (
     listing,
     run,
     server,
+    thread_control,
 )
 from etcd_leases.cli.options import DURATION_FLAGS, Commands, shared_flags
 from etcd_leases.cli.output import Output
@@ -51,7 +53,8 @@ def parser() -> argparse.ArgumentParser:
     )
     top.add_argument("--version", action="version", version=f"%(prog)s {etcd_leases.__version__}")
     commands = top.add_subparsers(metavar="COMMAND", required=True)
-    for group in (contract, listing, doctor, run, elect, server, demo, dead_letters):
+    groups = (contract, listing, doctor, run, elect, server, demo, dead_letters, thread_control)
+    for group in groups:
         group.add_commands(Commands(commands, shared_flags(in_command=True)))
     return top
 

@@ -24,13 +24,14 @@ def add_commands(commands: Commands) -> None:
     dead.set_defaults(handler=_dead_letters)
 
 
-async def _never_runs(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+async def never_runs(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+    """The handler of commands that only send: they never run a thread."""
     raise AssertionError("the command only sends")
 
 
 async def _dead_letters(args: argparse.Namespace, out: Output) -> int:
     async with open_provider(args) as provider:
-        threads = Threads(provider, _never_runs)
+        threads = Threads(provider, never_runs)
         letters = await threads.dead_letters(args.thread)
         if args.action == "list":
             rows = [

@@ -1,6 +1,7 @@
 """EtcdInbox: the threads' inboxes as etcd keys beside the leases, each step one txn.
 
-The keys are laid out in :mod:`etcd_leases.etcd.inbox_keys`.
+The keys are laid out in :mod:`etcd_leases.etcd.inbox_keys`; waking, aborting and
+cancelling are in :mod:`etcd_leases.etcd.thread_control`.
 
 **Order = acknowledgement order.** An append reads the thread's ``seq`` key (n) and
 commits ``seq = n + 1`` and the message under ``n + 1`` in one txn that compares the
@@ -13,10 +14,11 @@ order seq order, and watch events (revision order) follow it too.
 left, so at most ``max_pending`` are ever waiting (exactly, when acks follow seq order;
 an out-of-order ack only makes the bound stricter).
 
-**No lost wake-up.** ``release_if_empty`` deletes the lease key in one txn that
-compares its owner and token *and* that the thread's message range is empty (an etcd
-compare over ``range_end``): a message committed before it makes it fail; one after it
-finds the thread free.
+**No lost wake-up.** ``release_if_empty`` deletes the lease key (and the thread's
+wake mark) in one txn that compares its owner and token *and* that the thread's
+message range is empty (an etcd compare over ``range_end``): a message committed
+before it makes it fail; a waking one after it finds the thread free and puts the
+mark again, which serving workers watch.
 
 **Unknown outcomes.** A txn whose answer is lost is sent again, identically: it
 compares the same ``seq`` revision, so the copies commit at most once, and the nonce
@@ -40,9 +42,11 @@ from etcd_leases.etcd.dead_letters import EtcdDeadLetters
 from etcd_leases.etcd.inbox_keys import InboxKeys, id_of, key_of
 from etcd_leases.etcd.provider import EtcdBackend
 from etcd_leases.etcd.send_ids import Tombstone, TombstoneLeases, evictions
+from etcd_leases.etcd.thread_control import EtcdThreadControl
 from etcd_leases.etcd.txn import (
     Txn,
     delete,
+    first_in_range,
     first_kv,
     get,
     mod_revision_is,
@@ -52,7 +56,7 @@ from etcd_leases.etcd.txn import (
     value_is,
 )
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
-from etcd_leases.inbox import InboxFull, Message, check_append, not_in_inbox
+from etcd_leases.inbox import Acked, InboxFull, Message, check_append, not_in_inbox
 from etcd_leases.send_ids import SendId
 
 
@@ -96,6 +100,7 @@ class EtcdInbox:
         self._queues: dict[str, _SendQueue] = {}
         self._tombstone_leases = TombstoneLeases(backend.client)
         self._dead = EtcdDeadLetters(backend, self.keys)
+        self._control = EtcdThreadControl(backend, self.keys)
 
     def _message(self, thread: str, kv: pb.KeyValue) -> Message:
         return Message(thread, self.keys.seq_of(thread, kv.key), kv.value, id_of(kv.key))
@@ -103,15 +108,20 @@ class EtcdInbox:
     # The capability.
 
     async def append(
-        self, thread: str, payload: bytes, max_pending: int, send_id: SendId | None = None
+        self,
+        thread: str,
+        payload: bytes,
+        max_pending: int,
+        send_id: SendId | None = None,
+        wake: bool = True,
     ) -> Message:
-        data = check_append(thread, payload, max_pending, send_id)
+        data = check_append(thread, payload, max_pending, send_id, wake)
         self._client.check_open()
         queue = self._queues.setdefault(thread, _SendQueue())
         queue.users += 1
         try:
             async with queue.lock:
-                return await self._append(thread, data, max_pending, queue, send_id)
+                return await self._append(thread, data, max_pending, queue, send_id, wake)
         finally:
             queue.users -= 1
             if not queue.users:
@@ -124,6 +134,7 @@ class EtcdInbox:
         max_pending: int,
         queue: _SendQueue,
         send_id: SendId | None,
+        wake: bool,
     ) -> Message:
         seq_key, nonce = self.keys.seq(thread), secrets.token_hex(8)
         seq_kv = queue.seq_kv
@@ -138,6 +149,8 @@ class EtcdInbox:
                 end = self.keys.messages(thread, below_seq=oldest_allowed)
                 compares.append(range_is_empty(self.keys.messages(thread), end))
             ops = [put(key, data), get(seq_key)]
+            if wake:
+                ops.append(put(self.keys.wake(thread), b""))
             if send_id is not None:
                 ids_used += 1
                 tomb_key = self.keys.send_id(thread, send_id.id)
@@ -203,7 +216,34 @@ class EtcdInbox:
                     last = batch[-1].seq if batch else 0
                     yield batch
 
-    async def ack(self, key: str, owner: str, token: int, message: Message) -> bool:
+    async def wake(self, thread: str) -> bool:
+        check_key(thread, "thread")
+        self._client.check_open()
+        return await self._control.wake(thread)
+
+    async def count_woken(self, thread: str) -> int:
+        check_key(thread, "thread")
+        self._client.check_open()
+        return await self._control.count_woken(thread)
+
+    async def cancel_pending(self, key: str, thread: str) -> int:
+        check_key(key)
+        check_key(thread, "thread")
+        self._client.check_open()
+        return await self._control.cancel_pending(key, thread)
+
+    async def abort(self, key: str, thread: str) -> bool:
+        check_key(key)
+        check_key(thread, "thread")
+        self._client.check_open()
+        return await self._control.abort(key, thread)
+
+    async def aborted(self, thread: str, token: int) -> None:
+        check_key(thread, "thread")
+        self._client.check_open()
+        await self._control.aborted(thread, token)
+
+    async def ack(self, key: str, owner: str, token: int, message: Message) -> Acked | None:
         check_key(key)
         check_owner(owner)
         message_key = self._key_of(message)
@@ -212,10 +252,17 @@ class EtcdInbox:
         txn = Txn.when(mod_revision_is(lease_key, token), value_is(lease_key, owner.encode()))
         # Deleting an absent key succeeds, so a lost answer can be settled by asking again.
         counter = self.keys.delivery(message.thread, message.seq)
+        messages = self.keys.messages(message.thread)
+        waiting = first_in_range(messages, prefix_end(messages))
+        last = get(self.keys.seq(message.thread))
         response, _ = await self._backend._send_copies(
-            txn.then(delete(message_key), delete(counter))
+            txn.then(delete(message_key), delete(counter), waiting, last)
         )
-        return response.succeeded
+        if not response.succeeded:
+            return None
+        first, seq = (op.response_range.kvs for op in response.responses[2:])
+        first_seq = self.keys.seq_of(message.thread, first[0].key) if first else None
+        return Acked(first_seq, _counts(seq[0])[0] if seq else 0)
 
     async def deliver(self, key: str, owner: str, token: int, message: Message) -> int:
         check_key(key)
@@ -266,7 +313,7 @@ class EtcdInbox:
                 value_is(lease_key, owner.encode()),
                 range_is_empty(messages, prefix_end(messages)),
             )
-            .then(get(lease_key), delete(lease_key))
+            .then(get(lease_key), delete(lease_key), delete(self.keys.wake(thread)))
             .otherwise(get(lease_key))
         )
         response, answers_lost = await self._backend._send_copies(txn)
@@ -283,10 +330,10 @@ class EtcdInbox:
 
     async def watch_threads(self) -> AsyncGenerator[str, None]:
         self._client.check_open()
-        everyone = self._watch_range(self.keys.all_messages(), keys_only=True)
-        async with contextlib.aclosing(everyone) as batches:
+        woken = self._watch_range(self.keys.all_wakes(), keys_only=True)
+        async with contextlib.aclosing(woken) as batches:
             async for kvs in batches:
-                for thread in dict.fromkeys(self.keys.thread_of(kv.key) for kv in kvs):
+                for thread in dict.fromkeys(self.keys.thread_of_wake(kv.key) for kv in kvs):
                     if thread is not None:
                         yield thread
 

@@ -8,6 +8,8 @@ Under the inbox root, beside the lease prefix (``/etcd-leases.inbox/``)::
     idn/<thread>/<number, 20 digits>      the send id of the thread's number-th tombstone
     att/<thread>/<seq, 20 digits>         its version counts the message's deliveries
     dead/<thread>/<seq, 20 digits>.<nonce> a dead letter: "<attempts>\n<payload>"
+    wake/<thread>                         there while the thread is woken (empty value)
+    abort/<thread>                        "<token>": the tenure last aborted
 
 where ``<thread>`` is the thread's UTF-8 bytes after their length (``0009/chat:42\\0x``),
 so one thread's keys never fall in another's range, whatever bytes names contain, and
@@ -50,6 +52,20 @@ class InboxKeys:
         """The prefix of every thread's messages."""
         return self.root + b"msg/"
 
+    def all_wakes(self) -> bytes:
+        """The prefix of every thread's wake mark."""
+        return self.root + b"wake/"
+
+    def wake(self, thread: str) -> bytes:
+        return self.all_wakes() + self._name(thread)
+
+    def all_aborts(self) -> bytes:
+        """The prefix of every thread's abort key."""
+        return self.root + b"abort/"
+
+    def abort(self, thread: str) -> bytes:
+        return self.all_aborts() + self._name(thread)
+
     def messages(self, thread: str, *, below_seq: int | None = None) -> bytes:
         """The prefix of ``thread``'s messages; with ``below_seq``, the end of their
         range that stops before that seq."""
@@ -65,8 +81,12 @@ class InboxKeys:
     def send_id_number(self, thread: str, number: int) -> bytes:
         return self.root + b"idn/" + self._name(thread) + b"/%0*d" % (SEQ_DIGITS, number)
 
+    def deliveries(self, thread: str) -> bytes:
+        """The prefix of ``thread``'s delivery counters."""
+        return self.root + b"att/" + self._name(thread) + b"/"
+
     def delivery(self, thread: str, seq: int) -> bytes:
-        return self.root + b"att/" + self._name(thread) + b"/%0*d" % (SEQ_DIGITS, seq)
+        return self.deliveries(thread) + b"%0*d" % (SEQ_DIGITS, seq)
 
     def dead_letters(self, thread: str) -> bytes:
         return self.root + b"dead/" + self._name(thread) + b"/"
@@ -85,12 +105,21 @@ class InboxKeys:
     def seq_of(self, thread: str, key: bytes) -> int:
         return int(key[len(self.messages(thread)) :][:SEQ_DIGITS])
 
-    def thread_of(self, key: bytes) -> str | None:
-        """The thread a message key belongs to (``None`` for anything else)."""
-        length, slash, rest = key[len(self.all_messages()) :].partition(b"/")
-        if not slash or not length.isdigit() or len(rest) <= int(length):
-            return None
-        return rest[: int(length)].decode("utf-8", errors="replace")
+    def thread_of_wake(self, key: bytes) -> str | None:
+        """The thread a wake mark belongs to (``None`` for anything else)."""
+        return _thread_named(key[len(self.all_wakes()) :])
+
+    def thread_of_abort(self, key: bytes) -> str | None:
+        """The thread an abort key belongs to (``None`` for anything else)."""
+        return _thread_named(key[len(self.all_aborts()) :])
+
+
+def _thread_named(name: bytes) -> str | None:
+    """The thread whose ``_name`` is ``name`` (``None`` if it is none)."""
+    length, slash, rest = name.partition(b"/")
+    if not slash or not length.isdigit() or len(rest) != int(length):
+        return None
+    return rest.decode("utf-8", errors="replace")
 
 
 def id_of(key: bytes) -> str:

@@ -55,6 +55,17 @@ def get(key: bytes) -> pb.RequestOp:
     return pb.RequestOp(request_range=pb.RangeRequest(key=key))
 
 
+def first_in_range(key: bytes, range_end: bytes) -> pb.RequestOp:
+    """The first key of ``[key, range_end)`` (no value), and how many keys it holds."""
+    request = pb.RangeRequest(key=key, range_end=range_end, limit=1, keys_only=True)
+    return pb.RequestOp(request_range=request)
+
+
+def delete_range(key: bytes, range_end: bytes) -> pb.RequestOp:
+    """Delete every key in ``[key, range_end)``."""
+    return pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key, range_end=range_end))
+
+
 class Txn:
     """``Txn.when(*compares).then(*ops).otherwise(*ops)`` builds a ``TxnRequest``."""
 

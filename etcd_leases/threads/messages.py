@@ -17,10 +17,13 @@ class ThreadMessages:
 
     ``async for message in messages`` yields every message waiting when the run
     started, then each one sent while it runs (delivered by watch, within
-    milliseconds). Iteration ends once nothing is waiting and nothing arrived for
-    ``linger`` seconds; a message that arrives later goes to a follow-up run.
+    milliseconds); :meth:`take_waiting` takes those queued now without waiting.
+    Iteration ends once nothing is waiting and nothing arrived for ``linger``
+    seconds; a message that arrives later goes to a follow-up run.
     ``await messages.ack(message)`` removes it, fenced by the run's token: it raises
-    :class:`LeaseLost` once the run has lost its thread.
+    :class:`LeaseLost` once the run has lost its thread. Each ack also drops from the
+    run's queue the messages ``cancel_pending`` deleted meanwhile, so a handler that
+    acknowledges each message before asking for the next is never handed one.
     """
 
     def __init__(self, inbox: Inbox, lease: HeldLease, thread: str, linger: float) -> None:
@@ -33,6 +36,10 @@ class ThreadMessages:
         self._started = asyncio.Event()  # the first batch (what was waiting) is in
         self._error: LeaseError | None = None
         self._closed = False
+        #: Handed to the handler, not yet acknowledged: what an abort drops.
+        self.handed: dict[int, Message] = {}
+        #: Set when the run was aborted (a blocking handler sees it here).
+        self.aborted = False
         self._pump = asyncio.get_running_loop().create_task(self._receive())
 
     async def _receive(self) -> None:
@@ -58,6 +65,17 @@ class ThreadMessages:
         if message is not None:
             self._waiting.appendleft(message)
 
+    def take_waiting(self) -> list[Message]:
+        """Every message queued for this run now, without waiting, each handed to the
+        caller as if iterated: for a handler busy with one message (an agent loop
+        between two steps) that takes in those sent since. Acknowledge each as usual."""
+        if self._closed:
+            return []
+        taken = list(self._waiting)
+        self._waiting.clear()
+        self.handed.update((message.seq, message) for message in taken)
+        return taken
+
     def __aiter__(self) -> AsyncIterator[Message]:
         return self
 
@@ -71,7 +89,9 @@ class ThreadMessages:
                     await self._arrived.wait()
             self._lease.check()
         if self._waiting and not self._closed:
-            return self._waiting.popleft()
+            message = self._waiting.popleft()
+            self.handed[message.seq] = message
+            return message
         if self._error is not None:
             raise self._error
         raise StopAsyncIteration
@@ -84,12 +104,16 @@ class ThreadMessages:
                 "a run acknowledges only its own thread's messages"
             )
         lease = self._lease
-        if lease.remaining() <= 0 or not await self._inbox.ack(
-            lease.key, lease.owner, lease.token, message
-        ):
+        acked = None
+        if lease.remaining() > 0:
+            acked = await self._inbox.ack(lease.key, lease.owner, lease.token, message)
+        if acked is None:
             raise LeaseLost(
                 f"{lease.owner!r} lost {self.thread!r} before acknowledging message {message.seq}"
             )
+        self.handed.pop(message.seq, None)
+        while self._waiting and acked.removed(self._waiting[0].seq):
+            self._waiting.popleft()  # cancelled meanwhile
 
     async def close(self) -> None:
         """End the iteration (a handler still waiting sees its end) and the watch."""

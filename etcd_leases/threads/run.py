@@ -16,19 +16,22 @@ it runs to its end, and only then is a cancel that came meanwhile let through, b
 ending the follow-up's tenure like any cancelled hold, which gives the thread back.
 A cancel mid-way would otherwise leave the key with a follow-up owner that nothing
 keeps alive or releases, blocking the thread for a whole TTL.
+
+An abort (``Threads.abort``, from any process) is not a cancel of the run: it cancels
+the handler of the tenure it names, the run acknowledges the messages that handler
+was handed and had not acknowledged, and then ends as above.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 
-from etcd_leases.errors import LeaseLost
+from etcd_leases.errors import LeaseError, LeaseLost
 from etcd_leases.hold import HeldLease, adopt, hold
 from etcd_leases.inbox import InboxProvider
 from etcd_leases.threads.messages import ThreadMessages
@@ -73,23 +76,34 @@ class ThreadRunner:
                 lease = await self._end(lease, tenure)
 
     async def _run_once(self, lease: HeldLease) -> None:
-        """The handler, cancelled (``LeaseLost``) the moment the run loses the thread,
-        or once it has run ``run_deadline_s``."""
+        """The handler, with the run's messages, unless an abort came first."""
         messages = ThreadMessages(self.provider.inbox, lease, self.thread, self.linger)
+        aborted = asyncio.ensure_future(self._aborted(lease))
         try:
-            deliver = await self._first_delivery(lease, messages)
-        except BaseException:
+            if await self._first_delivery(lease, messages, aborted) and not aborted.done():
+                await self._handle(lease, messages, aborted)
+        finally:
+            aborted.cancel()
             await messages.close()
-            raise
-        if not deliver:  # the handler only runs for messages
-            await messages.close()
-            return
+            await asyncio.gather(aborted, return_exceptions=True)
+
+    async def _handle(
+        self, lease: HeldLease, messages: ThreadMessages, aborted: asyncio.Future[None]
+    ) -> None:
+        """Run the handler; cancel it (``LeaseLost``) the moment the run loses the
+        thread, once it has run ``run_deadline_s``, or when the run is aborted: then
+        the messages it was handed and had not acknowledged are acknowledged for it."""
         work = asyncio.ensure_future(self.handler(self.thread, lease, messages))
         lost = asyncio.ensure_future(lease.lost.wait())
         try:
             deadline = self.retries.run_deadline_s
-            await asyncio.wait((work, lost), timeout=deadline, return_when=FIRST_COMPLETED)
-            if not work.done() and not lost.done():
+            done, _ = await asyncio.wait(
+                (work, lost, aborted), timeout=deadline, return_when=FIRST_COMPLETED
+            )
+            if aborted in done and not work.done():
+                messages.aborted = True
+                _log.info("thread %r: %s aborted", self.thread, lease.owner)
+            elif not done:
                 _log.warning(
                     "thread %r: the handler of %s ran past its %g s deadline: cancelled",
                     *(self.thread, lease.owner, deadline),
@@ -99,13 +113,28 @@ class ThreadRunner:
                 task.cancel()
             await messages.close()  # first: a handler in a thread may be waiting on it
             await asyncio.gather(work, lost, return_exceptions=True)
+        if messages.aborted:
+            for message in sorted(messages.handed.values(), key=lambda m: m.seq):
+                await messages.ack(message)  # an aborted message is done with
+            return
         if not work.cancelled():
             work.result()  # the handler's own exception, if any
         lease.check()  # raises LeaseLost if the handler was cut short by the loss
 
-    async def _first_delivery(self, lease: HeldLease, messages: ThreadMessages) -> bool:
-        """Count the delivery of the message first in line, back off before a retry,
-        and dead-letter it past ``max_attempts``; whether a message is left to deliver."""
+    async def _aborted(self, lease: HeldLease) -> None:
+        """Once ``abort`` names this run's tenure (never, if that cannot be watched)."""
+        try:
+            await self.provider.inbox.aborted(self.thread, lease.token)
+        except LeaseError as exc:
+            _log.warning("thread %r: %s cannot be aborted: %s", self.thread, lease.owner, exc)
+            await asyncio.Event().wait()
+
+    async def _first_delivery(
+        self, lease: HeldLease, messages: ThreadMessages, aborted: asyncio.Future[None]
+    ) -> bool:
+        """Count the delivery of the message first in line, back off before a retry
+        (an abort ends it), and dead-letter it past ``max_attempts``; whether a message
+        is left to deliver."""
         inbox, limit = self.provider.inbox, self.retries.max_attempts
         while (first := await messages.first()) is not None:
             if limit is None:
@@ -115,9 +144,14 @@ class ThreadRunner:
                 raise LeaseLost(f"{lease.owner!r} lost {self.thread!r} before delivering")
             if attempt <= limit:
                 messages.replace_first(replace(first, attempt=attempt))
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.retries.backoff(attempt)):
-                        await lease.lost.wait()
+                if backoff := self.retries.backoff(attempt):
+                    lost = asyncio.ensure_future(lease.lost.wait())
+                    try:
+                        await asyncio.wait(
+                            (lost, aborted), timeout=backoff, return_when=FIRST_COMPLETED
+                        )
+                    finally:
+                        lost.cancel()
                 lease.check()
                 return True
             failed = attempt - 1

@@ -14,9 +14,10 @@
 
 A thread cannot be cancelled: a handler whose run lost its thread learns it from
 ``lease.lost``, ``lease.check()``, the next message or ``ack`` (``LeaseLost``); at
-``run_deadline_s`` its messages end (the next one it asks for is none) and the run
-waits for it to return. The
-next run of the thread in this process starts only after the handler has returned.
+``run_deadline_s`` or an abort (``threads.abort(thread)``, from any process) its
+messages end (the next one it asks for is none; ``messages.aborted`` says which) and
+the run waits for it to return. The next run of the thread in this process starts
+only after the handler has returned.
 """
 
 from __future__ import annotations
@@ -56,6 +57,15 @@ class SyncThreadMessages:
     def ack(self, message: Message) -> None:
         """Remove ``message``, fenced by the run's token (``LeaseLost`` once it is lost)."""
         self._portal.call(self._messages.ack, message)
+
+    def take_waiting(self) -> list[Message]:
+        """Blocking :meth:`ThreadMessages.take_waiting`."""
+        return self._portal.call(self._messages.take_waiting)
+
+    @property
+    def aborted(self) -> bool:
+        """Whether the run was aborted: stop, the messages handed are done with."""
+        return self._messages.aborted
 
 
 #: ``handler(thread, lease, messages)``, called in a worker thread for each run.
@@ -106,10 +116,25 @@ class Threads:
         *,
         run: bool = False,
         send_id: str | None = None,
+        wake: bool = True,
     ) -> Message:
         """Blocking :meth:`etcd_leases.threads.Threads.send`."""
-        send = functools.partial(self.aio.send, thread, payload, run=run, send_id=send_id)
+        send = functools.partial(
+            self.aio.send, thread, payload, run=run, send_id=send_id, wake=wake
+        )
         return self._portal.call(send)
+
+    def wake(self, thread: str) -> bool:
+        """Blocking :meth:`etcd_leases.threads.Threads.wake`."""
+        return self._portal.call(self.aio.wake, thread)
+
+    def abort(self, thread: str) -> bool:
+        """Blocking :meth:`etcd_leases.threads.Threads.abort`."""
+        return self._portal.call(self.aio.abort, thread)
+
+    def cancel_pending(self, thread: str) -> int:
+        """Blocking :meth:`etcd_leases.threads.Threads.cancel_pending`."""
+        return self._portal.call(self.aio.cancel_pending, thread)
 
     def dead_letters(self, thread: str) -> list[DeadLetter]:
         """Blocking :meth:`etcd_leases.threads.Threads.dead_letters`."""

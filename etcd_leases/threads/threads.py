@@ -6,6 +6,9 @@ in-memory model alike::
     threads = Threads(provider, handle, ttl_ms=15_000)
     await threads.send("chat:42", "hello")            # durable when it returns
     await threads.send("chat:42", "hi", run=True)     # serverless: run it here if idle
+    await threads.send("chat:42", "fyi", wake=False)  # for a run active now, or the next
+    await threads.abort("chat:42")                    # stop the run, wherever it runs
+    await threads.cancel_pending("chat:42")           # drop what is queued
     await threads.serve()                             # a long-running worker
 """
 
@@ -132,13 +135,17 @@ class Threads:
         *,
         run: bool = False,
         send_id: str | None = None,
+        wake: bool = True,
     ) -> Message:
         """Store ``payload`` at the end of ``thread``'s inbox; durable when this returns.
 
-        The thread's current run receives it by watch; if no run holds the thread,
-        ``run=True`` runs it here, in this call (the serverless case), else a serving
-        worker (or the next ``send(run=True)``) does. Raises ``InboxFull`` when
-        ``max_pending`` messages are waiting, ``ValueError`` for an oversized payload.
+        A run active on the thread receives it by watch, within milliseconds, whatever
+        ``wake`` says. If no run holds the thread: ``wake=True`` (default) starts one,
+        here in this call with ``run=True`` (the serverless case), else in a serving
+        worker; ``wake=False`` starts none: the message waits for the next run that
+        starts for another reason (a waking send, :meth:`wake`, :meth:`run`). Raises
+        ``InboxFull`` when ``max_pending`` messages are waiting, ``ValueError`` for an
+        oversized payload or ``run=True`` with ``wake=False``.
 
         ``send_id`` (chosen by the caller, say a request id) makes the send
         idempotent: another send to ``thread`` with the same id, within
@@ -148,10 +155,12 @@ class Threads:
         """
         self.key(thread)  # refuse a thread name that makes no lease key, before writing
         data = payload_bytes(payload, self.max_payload_bytes)
+        if run and not wake:
+            raise LeaseValueError("run=True runs the thread, so it cannot go with wake=False")
         once = None
         if send_id is not None:
             once = SendId(send_id, self.send_id_window_s, self.max_send_ids)
-        message = await self.provider.inbox.append(thread, data, self.max_pending, once)
+        message = await self.provider.inbox.append(thread, data, self.max_pending, once, wake)
         if run:
             await self.run(thread)
         return message
@@ -179,6 +188,36 @@ class Threads:
             return False
         return True
 
+    async def wake(self, thread: str) -> bool:
+        """Have a serving worker run ``thread`` if messages wait in it (say, sent with
+        ``wake=False``); whether any did."""
+        self.key(thread)
+        return await self.provider.inbox.wake(thread)
+
+    async def abort(self, thread: str) -> bool:
+        """Cancel the handler of the run holding ``thread`` now, wherever it runs.
+
+        The handler sees ``CancelledError`` within milliseconds (its run watches for
+        aborts; a blocking handler's messages end and ``messages.aborted`` is set).
+        The messages it was handed and had not acknowledged are acknowledged for it:
+        an abort is the caller's word that they are done with. The run then ends as
+        usual: the thread is released, or handed to a follow-up run for the messages
+        still waiting (``cancel_pending`` drops those). The abort names the run's
+        tenure (its token): it never stops a later run of the thread. ``False`` when
+        no run held the thread; ``True`` when one did, even if its handler had
+        already returned.
+        """
+        return await self.provider.inbox.abort(self.key(thread), thread)
+
+    async def cancel_pending(self, thread: str) -> int:
+        """Delete, in one step, the messages waiting in ``thread``'s inbox; how many.
+
+        While a run holds the thread, the first message in line is kept: it is the
+        one its handler is handling (a handler that acknowledges each message before
+        asking for the next is never handed a cancelled one). Dead letters stay.
+        """
+        return await self.provider.inbox.cancel_pending(self.key(thread), thread)
+
     async def dead_letters(self, thread: str) -> list[DeadLetter]:
         """``thread``'s messages that failed ``max_attempts`` deliveries, in seq order."""
         return await self.provider.inbox.dead_letters(thread)
@@ -201,10 +240,12 @@ class Threads:
         return await self.provider.inbox.drop_dead_letter(letter)
 
     async def serve(self, stop: asyncio.Event | None = None) -> None:
-        """Run every thread that has messages waiting and no live owner, until ``stop``.
+        """Run every woken thread that has messages waiting and no live owner, until
+        ``stop``.
 
-        Watches every inbox: a thread whose run is elsewhere is left to it, and taken
-        over if its owner dies (its lease expires) with messages still waiting.
+        Watches the threads' wake marks (set by waking sends and :meth:`wake`, cleared
+        when a run releases its thread): a thread whose run is elsewhere is left to it,
+        and taken over if its owner dies (its lease expires) with messages waiting.
         Stopping cancels the runs here; their threads are released for others.
         """
         stop = stop or asyncio.Event()
@@ -229,12 +270,12 @@ class Threads:
                     self._tenders[thread] = asyncio.ensure_future(self._tend(thread))
 
     async def _tend(self, thread: str) -> None:
-        """Run ``thread`` whenever it has messages and is free, until its inbox is empty."""
+        """Run ``thread`` whenever it is woken, has messages and is free, until not."""
         try:
             while True:
                 self._poked.discard(thread)
                 try:
-                    if not await self.provider.inbox.count_pending(thread):
+                    if not await self.provider.inbox.count_woken(thread):
                         if thread in self._poked:
                             continue  # a message came during the read
                         return
