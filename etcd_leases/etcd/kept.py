@@ -1,0 +1,167 @@
+"""Tenures kept from the start: ``hold``'s keys on the session lease, and adopted ones.
+
+A key put on this process's session lease shares that lease's renewals with every
+other held key (see :mod:`.session`); an interrupted put is undone unless a hold of
+this process has the tenure it began.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from etcd_leases.contract import AcquireResult, OwnerState, check_lease_call
+from etcd_leases.errors import BackendError, BackendUnavailable, LeaseError, LeaseLost
+from etcd_leases.etcd.keeper import EtcdKeeper, owner_of
+from etcd_leases.etcd.kept_lease import KeptLease
+from etcd_leases.etcd.parts import ttl_seconds
+from etcd_leases.etcd.pooled import PooledTenures
+from etcd_leases.etcd.session import Session
+from etcd_leases.etcd.txn import Txn, create_revision_is, delete, get, mod_revision_is, put
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+
+# When an interrupted session put is looked for (seconds after the previous look):
+# a copy still on its way to a responsive member lands within these.
+_SETTLE_READS_S = (0.0, 0.5, 2.0)
+
+
+def state_of(kv: pb.KeyValue | None) -> OwnerState:
+    return OwnerState(None, None) if kv is None else OwnerState(owner_of(kv), kv.mod_revision)
+
+
+class KeptTenures(PooledTenures):
+    """Acquiring on the session lease, and keeping a tenure acquired before."""
+
+    async def acquire_kept(
+        self, key: str, owner: str, ttl_ms: int
+    ) -> tuple[AcquireResult, EtcdKeeper | None]:
+        """Acquire ``key`` on this process's session lease for the TTL, kept from then on.
+
+        For ``hold``: renewal costs the same for one held key and for 10,000 (see
+        :mod:`etcd_leases.etcd.session`). The keeper is ``None`` when not acquired.
+        """
+        check_lease_call(key, owner, ttl_ms)
+        self._client.check_open()
+        etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
+        kv: pb.KeyValue | None = None
+        deadline = time.monotonic() + self._client.timeout
+        while True:
+            if time.monotonic() > deadline:
+                raise BackendUnavailable(
+                    "etcd: no session lease stayed alive long enough to put the key on it"
+                )
+            session = await self._sessions.get(self._ttl_s(ttl_ms))
+            if kv is None:  # free when last read: create it
+                compare = create_revision_is(etcd_key, 0)
+            elif kv.value != value:
+                return AcquireResult(False, owner_of(kv)), None
+            elif kv.lease == session.lease_id:  # ours already: the same tenure
+                return self._session_tenure(owner, etcd_key, kv, session)
+            else:  # this owner's on another lease: move it onto the session
+                compare = mod_revision_is(etcd_key, kv.mod_revision)
+            txn = (
+                Txn.when(compare)
+                .then(put(etcd_key, value, session.lease_id), get(etcd_key))
+                .otherwise(get(etcd_key))
+            )
+            renewal = self._sessions.renewal(session)  # answered alongside the put
+            try:
+                now = await self._cas(txn)
+            except BackendError as exc:
+                if not self._client.is_lease_not_found(exc):
+                    raise
+                self._sessions.lose(session, "etcd no longer has the session lease")
+                continue
+            except BaseException:
+                # The put may have landed, and nobody would hold the key: undo it.
+                self._background.start(self._settle_session_put(etcd_key, value, session))
+                raise
+            # The session lease is shared, by other keys and by other owners of this
+            # process: the put landed if the key shows our value on it.
+            if now is not None and now.lease == session.lease_id and now.value == value:
+                if kv is not None:
+                    self.lease_freed(kv.lease)
+                try:
+                    confirmed = await self._sessions.confirm(session, renewal, self._client.timeout)
+                except BaseException:
+                    # The put landed, and nobody would hold the key: undo it.
+                    self._background.start(self._settle_session_put(etcd_key, value, session))
+                    raise
+                if confirmed:
+                    return self._session_tenure(owner, etcd_key, now, session)
+                # The session's deadline passed before the put was answered (etcd
+                # stalled): that tenure never started. Move the key onto a live session.
+            kv = now
+
+    def _session_tenure(
+        self, owner: str, etcd_key: bytes, kv: pb.KeyValue, session: Session
+    ) -> tuple[AcquireResult, EtcdKeeper]:
+        keeper = self._keeper(etcd_key, session.kept, kv.mod_revision + 1, shared=True)
+        self._session_keepers[(etcd_key, kv.mod_revision)] = keeper
+        return AcquireResult(True, owner, kv.mod_revision, session.ttl_s * 1000), keeper
+
+    async def _settle_session_put(self, etcd_key: bytes, value: bytes, session: Session) -> None:
+        """Delete the key an interrupted session put left behind, if it did and no hold
+        of this process has that tenure (the same owner may hold it twice here).
+
+        Read, never sent again: a copy sent now would create the key if it is free by
+        now (after its owner's next release, say), a tenure nobody asked for. Read
+        again a moment later: a cancelled copy may still be on its way to etcd.
+        """
+        for delay in _SETTLE_READS_S:
+            await asyncio.sleep(delay)
+            while not session.kept.lost.is_set():
+                try:
+                    kv = await self._client.range(etcd_key)
+                except BackendUnavailable:
+                    await asyncio.sleep(1.0)  # the session lives on: so would the key
+                    continue
+                except LeaseError:
+                    return
+                if kv is not None and kv.lease == session.lease_id and kv.value == value:
+                    keeper = self._session_keepers.get((etcd_key, kv.mod_revision))
+                    if keeper is None or keeper.lost.is_set():
+                        await self._delete_tenure(etcd_key, kv.mod_revision)
+                    return
+                break
+
+    async def keep_lease(
+        self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
+    ) -> EtcdKeeper:
+        check_lease_call(key, owner, ttl_ms)
+        self._client.check_open()
+        etcd_key = self.etcd_key(key)
+        kv, revision = await self._client.range_at(etcd_key)
+        if kv is None or state_of(kv) != OwnerState(owner, token) or not kv.lease:
+            raise LeaseLost(f"{owner!r} no longer holds {key!r} with token {token}")
+        shared = self._sessions.is_session(kv.lease)
+        kept = self._keepalive.keep(kv.lease, ttl_seconds(ttl_ms), valid_until)
+        return self._keeper(etcd_key, kept, revision + 1, shared=shared)
+
+    def _keeper(
+        self, etcd_key: bytes, kept: KeptLease, watch_from: int, *, shared: bool
+    ) -> EtcdKeeper:
+        return EtcdKeeper(
+            etcd_key,
+            kept,
+            watch_from,
+            self._watches,
+            self._keepalive,
+            self._client,
+            shared=shared,
+            abandon=self._delete_abandoned if shared else None,
+        )
+
+    def _delete_abandoned(self, etcd_key: bytes, token: int) -> None:
+        self._background.start(self._delete_tenure(etcd_key, token))
+
+    async def _delete_tenure(self, etcd_key: bytes, token: int) -> None:
+        """Delete ``etcd_key`` if tenure ``token`` still has it; retried while unreachable."""
+        while not self._client.closed:
+            try:
+                await self._cas(Txn.when(mod_revision_is(etcd_key, token)).then(delete(etcd_key)))
+                return
+            except BackendUnavailable:
+                await asyncio.sleep(1.0)
+            except LeaseError:
+                return

@@ -1,0 +1,206 @@
+"""Tenures on a lease of their own, taken from the pool: creates, moves, refreshes.
+
+Taking a free key is one transaction under a pooled lease (see :mod:`.pool`); a
+lease that did not end up on a key goes back to the pool, one that carried a tenure
+now ended is revoked (invariant 4). An interrupted put is settled from the copies'
+answers and, when the last copy failed, from the key's history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from etcd_leases.errors import BackendError, LeaseError, PermissionDenied
+from etcd_leases.etcd.copies import TxnCopies
+from etcd_leases.etcd.history import put_landed
+from etcd_leases.etcd.keepalive import Renewal
+from etcd_leases.etcd.lease_ids import is_session_lease
+from etcd_leases.etcd.pool import Grant
+from etcd_leases.etcd.txn import Txn, delete, first_kv, get, mod_revision_is, put
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Tenure:
+    """A tenure as etcd holds it: the fencing token and the TTL granted, in ms."""
+
+    token: int
+    ttl_ms: int
+
+
+@dataclass(frozen=True)
+class Attached:
+    """What a put under a lease of our own did: whether it landed, the key after it
+    (``kv``), and the tenure it began (``None`` when it did not land, or its lease died)."""
+
+    landed: bool
+    kv: pb.KeyValue | None
+    tenure: Tenure | None
+
+
+class PooledTenures(TxnCopies):
+    """Puts of a key under a pooled lease, and what becomes of the lease after."""
+
+    def lease_freed(self, lease_id: int) -> None:
+        """This process deleted the key on ``lease_id`` or moved it to another lease.
+
+        A lease of our pool goes back to it. A session lease (ours or another
+        process's) carries other keys: left alone. Any other lease carried that one
+        tenure, which has just ended: revoked (invariant 4), off the caller's path.
+        Its process reuses it only after ending that tenure itself, which our change
+        of the key has made impossible.
+        """
+        if not lease_id or is_session_lease(lease_id):
+            return
+        if self._pool.reusable(lease_id):
+            self._pool.give_back(lease_id)
+        else:  # not ours, or ours but not safe to reuse (see LeasePool.settled)
+            self._pool.forget(lease_id)
+            self._background.start(self._client.revoke_quietly(lease_id))
+
+    async def _renew(self, lease_id: int, requested: asyncio.Future[Renewal] | None = None) -> int:
+        """Renew ``lease_id`` once on the one-shot renewal stream (or wait for the
+        renewal ``requested`` already); its TTL (s), 0 if it is gone."""
+        if requested is None:
+            requested = self._renewals.request_renewal(lease_id)
+        sent_at, ttl_s = await self._renewals.answer(requested, lease_id, self._client.timeout)
+        if ttl_s > 0:
+            self._pool.renewed(lease_id, sent_at + ttl_s)
+        return ttl_s
+
+    async def _attach(
+        self, txn: Txn, grant: Grant, started: float, *, replaces: pb.KeyValue | None = None
+    ) -> Attached | None:
+        """Run ``txn``, which puts a key under ``grant``'s lease if its compares hold;
+        ``None`` if etcd no longer had that lease: nothing happened, take another.
+
+        A pooled lease may have less than its TTL left: it is renewed alongside the
+        transaction (a keep-alive, not a write), so the TTL promised from ``started``
+        never outlasts etcd's. A lease of ours that did not end up on the key goes
+        back to the pool; one that died under the key is cleared up (its tenure never
+        began). ``replaces`` is the key as a move read it (``None`` for a create): an
+        interrupted create is undone, an interrupted move is settled in the background
+        and keeps whichever tenure it left, so the key is never free. When a copy sent
+        after a lost answer fails, the key's history tells whether an earlier one landed.
+        """
+        # Only a change after this revision can be ours: a move compares the revision
+        # it read, and a create lands after every answer seen before it is sent.
+        after = self._revision_seen if replaces is None else replaces.mod_revision
+        renewal = None
+        if grant.valid_until < started + grant.ttl_s:
+            renewal = self._renewals.request_renewal(grant.lease_id)
+        try:
+            response, answers_lost = await self._send_copies(txn)
+            kv = first_kv(response)
+            alive = renewal is None or await self._renew(grant.lease_id, renewal) > 0
+        except BaseException as exc:
+            if renewal is not None:
+                renewal.cancel()
+            if isinstance(exc, BackendError) and self._client.is_lease_not_found(exc):
+                self._pool.forget(grant.lease_id)
+                return None
+            if isinstance(exc, BackendError | PermissionDenied):
+                self._pool.put_back(grant)  # refused: nothing landed
+                raise
+            if replaces is not None:
+                self._background.start(self._settle_move(txn, grant, replaces.lease))
+                raise
+            # The put may have landed under it: revoking the lease, which carries at
+            # most this attempt, ends that tenure before anyone relies on it.
+            self._pool.forget(grant.lease_id)
+            self._background.start(self._client.revoke_quietly(grant.lease_id))
+            raise
+        self._pool.settled(grant.lease_id, answers_lost=answers_lost)
+        if kv is None or kv.lease != grant.lease_id:
+            landed = None
+            try:
+                if answers_lost:  # the last copy failed: did an earlier one land?
+                    put = txn.request.success[0].request_put
+                    landed = await put_landed(
+                        self._watches,
+                        put.key,
+                        put.value,
+                        grant.lease_id,
+                        after=after,
+                        # Up to the change the last copy found; none found (the key
+                        # went), then its first change since the move's read.
+                        until=after + 1 if kv is None else kv.mod_revision,
+                        timeout=self._client.timeout,
+                    )
+            finally:
+                self.lease_freed(grant.lease_id)  # the key is not on it (any more)
+            if landed is None:
+                return Attached(False, kv, None)
+            return Attached(True, kv, Tenure(landed, grant.ttl_s * 1000))
+        if not alive:
+            self._pool.forget(grant.lease_id)
+            await self._cas(Txn.when(mod_revision_is(kv.key, kv.mod_revision)).then(delete(kv.key)))
+            return Attached(True, kv, None)
+        return Attached(True, kv, Tenure(kv.mod_revision, grant.ttl_s * 1000))
+
+    async def _settle_move(self, txn: Txn, grant: Grant, replaced: int) -> None:
+        """Learn whether an interrupted move landed (a copy lands at most once)."""
+        try:
+            kv = await self._cas(txn)
+        except LeaseError:
+            self._pool.forget(grant.lease_id)  # unknown: left to expire
+            return
+        self._pool.settled(grant.lease_id, answers_lost=True)
+        # If the key is not on it, no copy can put it there any more (the move
+        # compares the mod_revision it replaced): our lease carries nothing.
+        self.lease_freed(
+            replaced if kv is not None and kv.lease == grant.lease_id else grant.lease_id
+        )
+
+    async def _refresh(
+        self, etcd_key: bytes, value: bytes, ttl_ms: int, kv: pb.KeyValue, started: float
+    ) -> Tenure | None:
+        """Reset the TTL of the tenure ``kv`` shows; ``None`` if that tenure is over.
+
+        With the same TTL the tenure and its token stay: a keep-alive, no write. The
+        key may change between the read and the keep-alive; the renewal then takes
+        effect as of the read, before that change (and lasts longer than promised).
+        """
+        if not kv.lease:  # written by hand without a lease: give it one
+            return await self._move(etcd_key, kv, value, ttl_ms, started)
+        granted = await self._renew(kv.lease)
+        if granted <= 0:  # the lease is gone: so is the tenure
+            return None
+        if granted != self._ttl_s(ttl_ms):
+            # Another TTL needs another lease, unless etcd rounds both alike (its
+            # minimum TTL, which this process may not have learnt yet).
+            grant = await self._pool.take(self._ttl_s(ttl_ms))
+            if grant.ttl_s != granted:
+                return await self._move(etcd_key, kv, value, ttl_ms, started, grant)
+            self._pool.put_back(grant)
+        return Tenure(kv.mod_revision, granted * 1000)
+
+    async def _move(
+        self,
+        etcd_key: bytes,
+        kv: pb.KeyValue,
+        value: bytes,
+        ttl_ms: int,
+        started: float,
+        grant: Grant | None = None,
+    ) -> Tenure | None:
+        """Put ``value`` on the key under a lease of its own (``grant``, taken from the
+        pool if not given) if ``kv`` still holds it."""
+        while True:
+            grant = grant or await self._pool.take(self._ttl_s(ttl_ms))
+            moved = await self._attach(
+                Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
+                .then(put(etcd_key, value, grant.lease_id), get(etcd_key))
+                .otherwise(get(etcd_key)),
+                grant,
+                started,
+                replaces=kv,
+            )
+            if moved is not None:
+                if moved.landed:
+                    self.lease_freed(kv.lease)  # the old tenure's, now without its key
+                return moved.tenure
+            # etcd dropped the lease early (a stalled leader, a frozen process): the
+            # key is unchanged, and a failed move would read as a lost tenure.
+            grant = None
