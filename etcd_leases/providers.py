@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
-from etcd_leases.etcd.inbox import EtcdInbox
 from etcd_leases.etcd.provider import EtcdBackend
 from etcd_leases.hold import Holding
-from etcd_leases.memory import MemoryBackend
-from etcd_leases.memory_inbox import MemoryInbox
+
+if TYPE_CHECKING:
+    from etcd_leases.etcd.inbox import EtcdInbox
+    from etcd_leases.memory_provider import InMemoryLeaseProvider
 
 
 class EtcdLeaseProvider(Holding, EtcdBackend):
@@ -22,18 +24,20 @@ class EtcdLeaseProvider(Holding, EtcdBackend):
     @cached_property
     def inbox(self) -> EtcdInbox:
         """The agent threads' inboxes, beside the leases (see :mod:`etcd_leases.threads`)."""
+        # Imported here: a process that only takes keys never loads the inbox.
+        from etcd_leases.etcd.inbox import EtcdInbox
+
         return EtcdInbox(self)
 
 
-class InMemoryLeaseProvider(Holding, MemoryBackend):
-    """The reference model: one process, a monotonic clock, millisecond TTLs."""
+def __getattr__(name: str) -> Any:
+    # InMemoryLeaseProvider lives in memory_provider, so that the etcd provider does
+    # not load the in-memory backend; still importable from here.
+    if name == "InMemoryLeaseProvider":
+        from etcd_leases.memory_provider import InMemoryLeaseProvider
 
-    @cached_property
-    def inbox(self) -> MemoryInbox:
-        """The agent threads' inboxes, beside the leases (see :mod:`etcd_leases.threads`)."""
-        return MemoryInbox(self)
+        return InMemoryLeaseProvider
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    async def close(self) -> None:
-        if "inbox" in self.__dict__:
-            self.inbox.close()
-        await super().close()
+
+__all__ = ["EtcdLeaseProvider", "InMemoryLeaseProvider"]

@@ -20,8 +20,9 @@ COMMAND = [sys.executable, "-m", "etcd_leases"]
 
 
 def cli_env(etcd: EtcdCluster | None = None, prefix: str | None = None) -> dict[str, str]:
-    """The test's environment without the user's etcdctl settings, plus ours."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ETCDCTL_", "ETCD_LEASES_"))}
+    """The test's environment without the user's etcdctl and gRPC log settings, plus ours."""
+    settings = ("ETCDCTL_", "ETCD_LEASES_", "GRPC_VERBOSITY")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(settings)}
     env["PYTHONPATH"] = ROOT
     if etcd is not None:
         env["ETCDCTL_ENDPOINTS"] = etcd.endpoint_string

@@ -87,6 +87,13 @@ async def settled(provider: EtcdLeaseProvider, timeout: float = 10.0) -> None:
             await group.wait(max(0.0, deadline - time.monotonic()))
 
 
+async def past_one_shot(provider: EtcdLeaseProvider) -> None:
+    """One acquire and release: that release revokes its lease (the process might be
+    a one-shot); from the next acquire on, the pool keeps the leases that come back."""
+    await provider.acquire_lease("past-one-shot", "warm-up", 5000)
+    await provider.release_lease("past-one-shot", "warm-up")
+
+
 def process_state(pid: int) -> str:
     """A Linux process's state letter (``/proc/PID/stat``): ``T`` once it is stopped."""
     with open(f"/proc/{pid}/stat") as stat:

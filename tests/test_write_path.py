@@ -17,7 +17,7 @@ import pytest
 from etcd_leases import EtcdLeaseProvider
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import settled, unique_prefix
+from tests.conftest import past_one_shot, settled, unique_prefix
 
 
 @pytest.fixture
@@ -36,6 +36,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
 async def warm(provider: EtcdLeaseProvider) -> None:
     """Give the pool its leases: one granted on the way, one ahead in the background."""
+    await past_one_shot(provider)
     for _ in range(2):
         await provider.acquire_lease("warm", "me", 5000)
         await provider.release_lease("warm", "me")
@@ -119,6 +120,7 @@ async def test_a_pooled_lease_is_renewed_before_its_ttl_is_promised(
     etcd_provider: EtcdLeaseProvider,
 ) -> None:
     provider = etcd_provider
+    await past_one_shot(provider)
     await provider.acquire_lease("first", "me", 3000)
     await provider.release_lease("first", "me")
     (pooled,) = provider._pool.free_lease_ids()
@@ -134,6 +136,7 @@ async def test_concurrent_takes_of_distinct_keys_each_get_a_lease(
     etcd_provider: EtcdLeaseProvider, calls: Counter[str]
 ) -> None:
     provider = etcd_provider
+    await past_one_shot(provider)
     for round_ in range(3):
         calls.clear()
         results = await asyncio.gather(
@@ -153,6 +156,7 @@ async def test_free_leases_outlive_their_ttl_while_they_wait(
     etcd_provider: EtcdLeaseProvider, calls: Counter[str]
 ) -> None:
     provider = etcd_provider
+    await past_one_shot(provider)
     await provider.acquire_lease("k", "me", 2000)
     await provider.release_lease("k", "me")
     (free,) = provider._pool.free_lease_ids()

@@ -9,10 +9,16 @@ One module per group of commands (:mod:`contract`, :mod:`listing`, :mod:`doctor`
 
 from __future__ import annotations
 
+import os
+
+# Before anything imports grpc: its C core would log every refused TLS handshake or
+# connection attempt to stderr, lines per second; the command reports failures in one
+# line of its own. A user who sets GRPC_VERBOSITY gets gRPC's logs as asked.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence

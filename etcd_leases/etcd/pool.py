@@ -17,6 +17,11 @@ under a lease of its own:
 - **No leak.** Leases handed out belong to their tenures (they expire with them when
   nobody renews them); free leases are revoked when the pool is closed, and the free
   list is trimmed back to what recent use needed.
+- **Kept only for a process that comes back.** Until this process takes a lease after
+  giving one up, it may be a one-shot (take a key, free it, exit): a lease that comes
+  back would only be revoked at close, a write of its own. So until then
+  (:attr:`recycling`), a release revokes its tenure's lease (:meth:`carrier`,
+  :meth:`retire`), which deletes the key with it: grant, put, revoke, and nothing left.
 """
 
 from __future__ import annotations
@@ -92,6 +97,11 @@ class LeasePool:
         # Out with a tenure whose put had an answer lost: never reused (a copy of it
         # might yet land), revoked once its key is gone.
         self._tainted: set[int] = set()
+        # The key and value each lease out carries, noted when a put on it landed.
+        self._carrying: dict[int, tuple[bytes, bytes]] = {}
+        self._carrier_of: dict[bytes, int] = {}
+        self._given_up = False  # a lease of this pool came back, or was retired
+        self._recycling = False  # ...and a lease was taken after that
         self._trimmed_at = time.monotonic()
         self._refilling: set[int] = set()  # the TTLs a grant is under way for
         self._closed = False
@@ -102,8 +112,15 @@ class LeasePool:
         """The leases free in the pool now (granted, renewed, carrying no key)."""
         return {lease_id for free in self._free.values() for lease_id in free.leases}
 
+    @property
+    def recycling(self) -> bool:
+        """Whether this process took a lease after giving one up: then leases that come
+        back are kept for its next takes (and revoked at close)."""
+        return self._recycling
+
     async def take(self, ttl_s: int) -> Grant:
         """A lease of ``ttl_s`` seconds (as etcd grants it) for one attempt."""
+        self._recycling = self._recycling or self._given_up
         self._trim()
         free = self._free.setdefault(ttl_s, _Free())
         free.taken += 1
@@ -139,6 +156,30 @@ class LeasePool:
             and lease_id not in self._tainted
         )
 
+    def carries(self, lease_id: int, key: bytes, value: bytes) -> None:
+        """A put of ``value`` on ``key`` under ``lease_id`` (out of this pool) landed."""
+        if lease_id in self._out:
+            self._uncarry(lease_id)
+            self._carrying[lease_id] = (key, value)
+            self._carrier_of[key] = lease_id
+
+    def carrier(self, key: bytes, value: bytes) -> int | None:
+        """The lease of this pool that carries ``key`` with ``value``, as last known."""
+        lease_id = self._carrier_of.get(key)
+        if lease_id is None or self._carrying.get(lease_id) != (key, value):
+            return None
+        return lease_id
+
+    def retire(self, lease_id: int) -> None:
+        """The caller revokes ``lease_id``, which carried a tenure now ending: not ours."""
+        self.forget(lease_id)
+        self._given_up = True
+
+    def _uncarry(self, lease_id: int) -> None:
+        carried = self._carrying.pop(lease_id, None)
+        if carried is not None and self._carrier_of.get(carried[0]) == lease_id:
+            del self._carrier_of[carried[0]]
+
     def put_back(self, grant: Grant) -> None:
         """An attempt took ``grant`` and sent nothing under it: free again."""
         self.settled(grant.lease_id, answers_lost=False)
@@ -160,6 +201,8 @@ class LeasePool:
         """
         if not self.reusable(lease_id):
             return
+        self._uncarry(lease_id)
+        self._given_up = True
         grant = self._out.pop(lease_id)
         # Filed by the TTL etcd granted, which is what later takers ask for.
         free = self._free.setdefault(grant.ttl_s, _Free())
@@ -175,6 +218,7 @@ class LeasePool:
     def forget(self, lease_id: int) -> None:
         """``lease_id`` is gone (etcd said so), or it is revoked: not ours any more."""
         grant = self._out.pop(lease_id, None)
+        self._uncarry(lease_id)
         self._unsettled.discard(lease_id)
         self._tainted.discard(lease_id)
         if grant is not None and grant.ttl_s in self._free:

@@ -137,6 +137,7 @@ class PooledTenures(TxnCopies):
             self._pool.forget(grant.lease_id)
             await self._cas(Txn.when(mod_revision_is(kv.key, kv.mod_revision)).then(delete(kv.key)))
             return Attached(True, kv, None)
+        self._pool.carries(grant.lease_id, kv.key, kv.value)
         return Attached(True, kv, Tenure(kv.mod_revision, grant.ttl_s * 1000))
 
     async def _settle_move(self, txn: Txn, grant: Grant, replaced: int) -> None:

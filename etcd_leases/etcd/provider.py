@@ -135,10 +135,21 @@ class EtcdBackend(KeptTenures, FencedWrites):
     async def release_lease(self, key: str, owner: str) -> None:
         check_lease_call(key, owner)
         self._client.check_open()
-        etcd_key = self.etcd_key(key)
+        etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
+        lease_id = self._pool.carrier(etcd_key, value)
+        if lease_id is not None and not self._pool.recycling:
+            # So far a one-shot (see LeasePool.recycling): revoking the tenure's lease
+            # deletes the key with it, and leaves no free lease to revoke at close.
+            self._pool.retire(lease_id)
+            if await self._client.revoke(lease_id):
+                kv = await self._client.range(etcd_key)
+                if kv is None or kv.value != value:
+                    return
+            # The lease was gone, or the key was not on it any more: someone moved
+            # the owner's tenure to another lease. Released as any key is.
         # Copies of it land at most once: after a delete the key has no value to match.
         response, _ = await self._send_copies(
-            Txn.when(value_is(etcd_key, owner.encode("utf-8"))).then(delete(etcd_key, prev_kv=True))
+            Txn.when(value_is(etcd_key, value)).then(delete(etcd_key, prev_kv=True))
         )
         if response.succeeded:
             for previous in response.responses[0].response_delete_range.prev_kvs:
