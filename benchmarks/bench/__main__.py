@@ -26,6 +26,7 @@ from .config import FULL, QUICK, Config
 from .cycles import Peers, sequential_cycles, throughput
 from .etcd_metrics import EtcdMetrics
 from .keepalive import measure_case
+from .oneshot import measure_oneshot
 from .processes import measure_processes
 from .report import print_table, tables, write_json, write_markdown
 from .takeover import check_races, measure_loss_detection, measure_takeover
@@ -102,6 +103,11 @@ async def run_sections(
         results["keepalive"].append(
             await measure_case(endpoint, prefix, case, cfg.hold_window_s, etcd_pid, metrics, checks)
         )
+    # Last: python3-etcd3's one-shot leaves a lease to expire, a raft write of its own.
+    section("serverless one-shot: fresh processes, interleaved")
+    results["oneshot"] = await asyncio.to_thread(
+        measure_oneshot, endpoint, prefix, metrics, cfg.oneshot_rounds, checks
+    )
     return results
 
 

@@ -11,6 +11,8 @@ WARMUP_ROUNDS = 10
 # Acquisitions in flight at once while the keep-alive section takes its leases:
 # enough to fill the pipe, few enough that no call waits long behind the others.
 ADMISSION = 64
+# Rounds of the one-shot section in a full run (and of ``python -m benchmarks.oneshot``).
+ONESHOT_ROUNDS = 20
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class Config:
     concurrency: tuple[int, ...]
     seconds_per_level: float  # per peer, per concurrency level
     processes: tuple[int, ...]  # client process counts of the multi-process section
+    oneshot_rounds: int  # interleaved rounds of fresh one-shot processes, per client
     process_tasks: int  # tasks in each client process
     hold_cases: tuple[HoldCase, ...]
     hold_window_s: float  # measured window, idle host and loaded host each
@@ -52,6 +55,7 @@ FULL = Config(
     takeovers=30,
     racers=20,
     races=10,
+    oneshot_rounds=ONESHOT_ROUNDS,
 )
 QUICK = Config(
     rounds=60,
@@ -67,4 +71,5 @@ QUICK = Config(
     takeovers=10,
     racers=20,
     races=3,
+    oneshot_rounds=5,
 )

@@ -104,4 +104,8 @@ def evaluate(results: dict[str, Any]) -> list[Goal]:
               None if short is None else short["lost_while_taking"] + short["idle"]["lost"]
               + short["loaded"]["lost"] + short["not_taken"], lambda v: v == 0),
         _goal("takeover p50 ms", "< 15", _get(results, "takeover", "p50_ms"), lambda v: v < 15),
+        _goal("one-shot process: ours / python3-etcd3 Lock wall p50", "<= 0.8",
+              _get(results, "oneshot", ETCD3, "ours_vs_it"), lambda v: v <= 0.8),
+        _goal("one-shot process: raft writes, its lease freed", "<= 3",
+              _get(results, "oneshot", OURS, "raft_writes"), lambda v: v <= 3),
     ]  # fmt: skip

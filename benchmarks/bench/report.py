@@ -108,6 +108,21 @@ def processes_table(results: dict[str, Any]) -> Table:
     return Table("Cycles/s from several client processes, one etcd", header, rows, notes)
 
 
+def oneshot_table(results: dict[str, Any]) -> Table:
+    rows = [
+        [name, fmt(row["p50_ms"], 1), fmt(row["p99_ms"], 1), fmt(row["cpu_p50_ms"], 1),
+         fmt(row["raft_writes"], 0), fmt(row["leases_left"], 0), fmt(row["ours_vs_it"], 2, "x"),
+         fmt(row["ours_vs_it_cpu"], 2, "x")]
+        for name, row in results.get("oneshot", {}).items()
+    ]  # fmt: skip
+    header = ["client", "wall p50 ms", "wall p99 ms", "CPU p50 ms", "raft writes",
+              "leases left", "ours / it, wall", "ours / it, CPU"]  # fmt: skip
+    notes = tuple(f"{name}: {row['does']}" for name, row in results.get("oneshot", {}).items())
+    notes += ("each a fresh process: import, connect, take a free key, free it, exit",)
+    return Table("Serverless one-shot, one process each (below 1: ours is faster)", header,
+                 rows, notes)  # fmt: skip
+
+
 def keepalive_table(results: dict[str, Any]) -> Table:
     rows = []
     for case in results["keepalive"]:
@@ -153,6 +168,7 @@ def tables(results: dict[str, Any]) -> list[Table]:
         throughput_ratio_table(results),
         processes_table(results),
         keepalive_table(results),
+        oneshot_table(results),
         other_table(results),
         goals_table(results),
     ]
