@@ -113,6 +113,9 @@ class EtcdClient:
         #: Called with each keep-alive's round trip in seconds, from request sent to
         #: answer read (the metrics' latency histogram listens here).
         self.keepalive_observers: list[Callable[[float], None]] = []
+        #: The highest store revision an answer has shown (0 before the first): a write
+        #: sent after reading it lands after it.
+        self.revision_seen = 0
 
     @property
     def endpoints(self) -> list[str]:
@@ -173,6 +176,9 @@ class EtcdClient:
                         request, timeout=deadline_s, metadata=await self.auth.metadata(index)
                     )
                     self.members.answered(index)
+                    header = getattr(response, "header", None)
+                    if header is not None and header.revision > self.revision_seen:
+                        self.revision_seen = header.revision
                     return response
                 except grpc.aio.AioRpcError as exc:
                     # etcd's simple tokens expire: log in again and replay, once.

@@ -29,7 +29,6 @@ class TxnCopies(BackendParts):
         for attempt in range(_CAS_ATTEMPTS):
             try:
                 response = await self._batcher.txn(txn.request)
-                self._revision_seen = max(self._revision_seen, response.header.revision)
                 return response, attempt > 0
             except BackendUnavailable:
                 if attempt == _CAS_ATTEMPTS - 1:

@@ -6,20 +6,23 @@ keys), so that any process can tell them from the lease of a single tenure.
 
 from __future__ import annotations
 
-import secrets
+import random
 
 __all__ = ["is_session_lease", "new_lease_id"]
 
 _MARK_SHIFT = 46
 _SESSION_MARK = 0x5E55
+# The OS's randomness, as the secrets module uses (which would import hashlib and hmac,
+# a few ms at start-up that a one-shot process pays).
+_random = random.SystemRandom()
 
 
 def new_lease_id(*, session: bool = False) -> int:
     """A random positive int64; lets a grant whose answer was lost be retried safely."""
     mark = _SESSION_MARK
     while not session and mark == _SESSION_MARK:
-        mark = secrets.randbits(62 - _MARK_SHIFT)
-    return (mark << _MARK_SHIFT) | (secrets.randbits(_MARK_SHIFT - 1) + 1)
+        mark = _random.getrandbits(62 - _MARK_SHIFT)
+    return (mark << _MARK_SHIFT) | (_random.getrandbits(_MARK_SHIFT - 1) + 1)
 
 
 def is_session_lease(lease_id: int) -> bool:

@@ -84,9 +84,6 @@ class BackendParts:
         # Transactions that arrive together share one consensus round.
         self._batcher = TxnBatcher(self._client)
         self._background = BackgroundTasks()
-        # The highest store revision etcd's answers have shown: a write sent later lands
-        # after it, and a lease given back was freed by a write at or before it.
-        self._revision_seen = 0
 
     async def close(self) -> None:
         """Close the connections; idempotent. Any call after it raises ProviderClosed.

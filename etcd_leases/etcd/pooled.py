@@ -85,8 +85,9 @@ class PooledTenures(TxnCopies):
         after a lost answer fails, the key's history tells whether an earlier one landed.
         """
         # Only a change after this revision can be ours: a move compares the revision
-        # it read, and a create lands after every answer seen before it is sent.
-        after = self._revision_seen if replaces is None else replaces.mod_revision
+        # it read, and a create lands after every answer seen before it is sent (the
+        # grant of its lease's, at least).
+        after = self._client.revision_seen if replaces is None else replaces.mod_revision
         renewal = None
         if grant.valid_until < started + grant.ttl_s:
             renewal = self._renewals.request_renewal(grant.lease_id)

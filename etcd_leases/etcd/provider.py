@@ -98,11 +98,6 @@ class EtcdBackend(KeptTenures, FencedWrites):
         check_lease_call(key, owner, ttl_ms)
         self._client.check_open()
         etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
-        if not self._revision_seen:
-            # A lost answer is settled from the history after a revision seen before
-            # sending: learn one, rather than read from the start (maybe compacted).
-            revision = (await self._client.range_at(etcd_key))[1]
-            self._revision_seen = max(self._revision_seen, revision)
         started = time.monotonic()
         while True:
             grant = await self._pool.take(self._ttl_s(ttl_ms))
