@@ -18,13 +18,12 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import grpc
 import grpc.aio
 from google.protobuf.message import Message
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from etcd_leases.errors import (
     BackendError,
@@ -50,12 +49,16 @@ from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 RequestT = TypeVar("RequestT", bound=Message)
 ResponseT = TypeVar("ResponseT", bound=Message)
+T = TypeVar("T")
 
 # etcd's error strings that decide what happens next (etcdserver/api/v3rpc/rpctypes).
 _LEASE_EXISTS = "lease already exists"
 _LEASE_NOT_FOUND = "requested lease not found"
 # How long the server's version may take to come on connect.
 _STATUS_TIMEOUT_S = 1.0
+# Between attempts after a member failure: the first wait, doubling up to the last.
+_BACKOFF_FIRST_S = 0.02
+_BACKOFF_MAX_S = 0.5
 # A member failure makes the client read the member list again, at most this often.
 _SYNC_AFTER_FAILURE_EVERY_S = 5.0
 
@@ -191,14 +194,25 @@ class EtcdClient:
             raise
         raise PermissionDenied("etcd: the auth token was refused right after logging in")
 
-    def _retrying(self) -> AsyncRetrying:
-        """Attempts on member failures, backing off, until ``timeout`` has passed."""
-        return AsyncRetrying(
-            stop=stop_after_delay(self.timeout),
-            wait=wait_exponential(multiplier=0.02, max=0.5),
-            retry=retry_if_exception(is_member_failure),
-            reraise=True,
-        )
+    async def _retried(self, attempt: Callable[[int], Awaitable[T]], deadline: float) -> T:
+        """``attempt(index)`` on the preferred member; after each member failure again, on
+        the member the failure points to, backing off, until ``deadline`` has passed.
+
+        The last attempt's error as a :class:`LeaseError`; any other error at once.
+        (A loop of our own rather than a retry library: importing one costs a
+        one-shot process milliseconds, and wrapping each call costs every call.)
+        """
+        index = self.members.preferred()
+        backoff = _BACKOFF_FIRST_S
+        while True:
+            try:
+                return await attempt(index)
+            except (grpc.aio.AioRpcError, LeaseError) as exc:
+                index = self._attempt_failed(index, exc)
+                if not is_member_failure(exc) or time.monotonic() >= deadline:
+                    raise self.error(exc) from exc
+            await asyncio.sleep(backoff)
+            backoff = min(2 * backoff, _BACKOFF_MAX_S)
 
     def _attempt_timeout(self, deadline: float) -> float:
         remaining = deadline - time.monotonic()
@@ -231,19 +245,12 @@ class EtcdClient:
             except (grpc.aio.AioRpcError, LeaseError) as exc:
                 self._attempt_failed(index, exc)
                 raise self.error(exc) from exc
-        try:
-            async for attempt in self._retrying():
-                with attempt:
-                    try:
-                        return await self._attempt(
-                            index, path, request, response_type, self._attempt_timeout(deadline)
-                        )
-                    except (grpc.aio.AioRpcError, LeaseError) as exc:
-                        index = self._attempt_failed(index, exc)
-                        raise
-        except (grpc.aio.AioRpcError, LeaseError) as exc:
-            raise self.error(exc) from exc
-        raise AssertionError("unreachable: tenacity either returns or raises")
+        return await self._retried(
+            lambda index: self._attempt(
+                index, path, request, response_type, self._attempt_timeout(deadline)
+            ),
+            deadline,
+        )
 
     async def _read_server_version(self) -> None:
         """Learn the server's version on connect, to warn of its known bugs.
@@ -393,18 +400,9 @@ class EtcdClient:
         """Refresh a lease once; its TTL in seconds, or 0 when it is gone."""
         self.check_open()
         deadline = time.monotonic() + self.timeout
-        index = self.members.preferred()
-        try:
-            async for attempt in self._retrying():
-                with attempt:
-                    try:
-                        return await self._keep_alive_attempt(index, lease_id, deadline)
-                    except (grpc.aio.AioRpcError, LeaseError) as exc:
-                        index = self._attempt_failed(index, exc)
-                        raise
-        except (grpc.aio.AioRpcError, LeaseError) as exc:
-            raise self.error(exc) from exc
-        raise AssertionError("unreachable: tenacity either returns or raises")
+        return await self._retried(
+            lambda index: self._keep_alive_attempt(index, lease_id, deadline), deadline
+        )
 
     async def _keep_alive_attempt(self, index: int, lease_id: int, deadline: float) -> int:
         stream = self.keep_alive_stream(await self.auth.metadata(index), index)
