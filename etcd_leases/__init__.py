@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         PermissionDenied,
         ProviderClosed,
     )
+    from etcd_leases.etcd.native import NativeElection, NativeLock
     from etcd_leases.hold import HeldLease, adopt, hold
     from etcd_leases.memory_provider import InMemoryLeaseProvider
     from etcd_leases.noop import NoopLeaseProvider, lease_provider_for
@@ -52,6 +53,8 @@ _HOMES = {
     "OwnerState": "contract",
     "is_lease_provider": "contract",
     "Election": "election",
+    "NativeElection": "etcd.native",
+    "NativeLock": "etcd.native",
     "BackendError": "errors",
     "BackendFull": "errors",
     "BackendUnavailable": "errors",
@@ -88,6 +91,8 @@ __all__ = [
     "LeaseProvider",
     "LeaseTypeError",
     "LeaseValueError",
+    "NativeElection",
+    "NativeLock",
     "NoopLeaseProvider",
     "OwnerState",
     "PermissionDenied",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from etcd_leases.errors import BackendError, LeaseError, PermissionDenied
+from etcd_leases.errors import BackendError, BackendUnavailable, LeaseError, PermissionDenied
 from etcd_leases.etcd.copies import TxnCopies
 from etcd_leases.etcd.history import put_landed
 from etcd_leases.etcd.keepalive import Renewal
@@ -31,10 +31,9 @@ class Tenure:
 
 @dataclass(frozen=True)
 class Attached:
-    """What a put under a lease of our own did: whether it landed, the key after it
-    (``kv``), and the tenure it began (``None`` when it did not land, or its lease died)."""
+    """What a put under a lease of our own did: the key after it (``kv``), and the
+    tenure it began (``None`` when it did not land)."""
 
-    landed: bool
     kv: pb.KeyValue | None
     tenure: Tenure | None
 
@@ -78,9 +77,9 @@ class PooledTenures(TxnCopies):
         A pooled lease may have less than its TTL left: it is renewed alongside the
         transaction (a keep-alive, not a write), so the TTL promised from ``started``
         never outlasts etcd's. A lease of ours that did not end up on the key goes
-        back to the pool; one that died under the key is cleared up (its tenure never
-        began). ``replaces`` is the key as a move read it (``None`` for a create): an
-        interrupted create is undone, an interrupted move is settled in the background
+        back to the pool; one that ran out under the key before its renewal was
+        answered is cleared up, and the outcome reported unknown. ``replaces`` is the
+        key as a move read it (``None`` for a create): an interrupted create is undone, an interrupted move is settled in the background
         and keeps whichever tenure it left, so the key is never free. When a copy sent
         after a lost answer fails, the key's history tells whether an earlier one landed.
         """
@@ -132,14 +131,22 @@ class PooledTenures(TxnCopies):
             finally:
                 self.lease_freed(grant.lease_id)  # the key is not on it (any more)
             if landed is None:
-                return Attached(False, kv, None)
-            return Attached(True, kv, Tenure(landed, grant.ttl_s * 1000))
+                return Attached(kv, None)
+            return Attached(kv, Tenure(landed, grant.ttl_s * 1000))
         if not alive:
+            # The put landed, and its tenure began (others may have seen it, and acted
+            # on it), but the lease ran out before its renewal was answered: that tenure
+            # ended sooner than its TTL. Neither "acquired" nor "no" is true: unknown.
             self._pool.forget(grant.lease_id)
             await self._cas(Txn.when(mod_revision_is(kv.key, kv.mod_revision)).then(delete(kv.key)))
-            return Attached(True, kv, None)
+            if replaces is not None:
+                self.lease_freed(replaces.lease)  # the moved tenure's, without its key
+            raise BackendUnavailable(
+                "etcd: the lease under the put ran out before its renewal was answered "
+                "(etcd stalled): the tenure it began has ended; outcome unknown"
+            )
         self._pool.carries(grant.lease_id, kv.key, kv.value)
-        return Attached(True, kv, Tenure(kv.mod_revision, grant.ttl_s * 1000))
+        return Attached(kv, Tenure(kv.mod_revision, grant.ttl_s * 1000))
 
     async def _settle_move(self, txn: Txn, grant: Grant, replaced: int) -> None:
         """Learn whether an interrupted move landed (a copy lands at most once)."""
@@ -200,7 +207,7 @@ class PooledTenures(TxnCopies):
                 replaces=kv,
             )
             if moved is not None:
-                if moved.landed:
+                if moved.tenure is not None:
                     self.lease_freed(kv.lease)  # the old tenure's, now without its key
                 return moved.tenure
             # etcd dropped the lease early (a stalled leader, a frozen process): the

@@ -113,8 +113,8 @@ class EtcdBackend(KeptTenures, FencedWrites):
             if created.tenure is not None:
                 return AcquireResult(True, owner, created.tenure.token, created.tenure.ttl_ms)
             kv = created.kv
-            if kv is None or kv.lease == grant.lease_id:
-                continue  # our lease died under the key (cleared up): again
+            if kv is None:
+                continue  # the key went between the copies sent: again
             if kv.value != value:
                 return AcquireResult(False, owner_of(kv))
             refreshed = await self._refresh(etcd_key, value, ttl_ms, kv, started)
