@@ -61,6 +61,7 @@ from etcd_leases.etcd.txn import (
     value_is,
 )
 from etcd_leases.etcd.watch import WatchStream
+from etcd_leases.etcd.watch.held_keys import HeldKeysWatch
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 DEFAULT_PREFIX = "/etcd-leases/"
@@ -142,6 +143,8 @@ class EtcdBackend:
         # revoke (up to seconds), which must not hold up the held leases' renewals.
         self._renewals = KeepAliveLoop(self._client)
         self._watches = WatchStream(self._client)
+        # Held keys share one watch over the prefix, not one watch each.
+        self._held_keys = HeldKeysWatch(self._watches, self._client, self._prefix)
         # Leases granted ahead, so that taking a key is one transaction; and the
         # session leases that hold's keys share, so renewals cost O(1) per TTL.
         self._pool = LeasePool(self._client, self._keepalive, self._renewals, self._grant)
@@ -447,9 +450,8 @@ class EtcdBackend:
             etcd_key,
             kept,
             watch_from,
-            self._watches,
+            self._held_keys,
             self._keepalive,
-            self._client,
             shared=shared,
             abandon=self._delete_abandoned if shared else None,
         )
