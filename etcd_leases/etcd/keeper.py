@@ -46,6 +46,7 @@ class EtcdKeeper:
         self._token = watch_from - 1
         self.lost = asyncio.Event()
         self.lost_reason: str | None = None
+        self._on_lost: Callable[[], None] | None = None
         self._watch: HeldKey = held_keys.watch(
             etcd_key,
             watch_from,
@@ -58,12 +59,25 @@ class EtcdKeeper:
     def remaining(self) -> float:
         return 0.0 if self.lost.is_set() else self._kept.remaining()
 
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (one, replacing any before) soon after the tenure ends.
+
+        What a holder would otherwise wait on ``lost`` for in a task of its own: a
+        task per held key is a third of what 100,000 held keys allocate.
+        """
+        self._on_lost = callback
+        if self.lost.is_set():
+            asyncio.get_running_loop().call_soon(callback)
+
     def lose(self, reason: str) -> None:
         if self.lost.is_set():
             return
         # The reason first: whoever wakes up on ``lost`` reads it.
         self.lost_reason = reason
         self.lost.set()
+        if self._on_lost is not None:
+            asyncio.get_running_loop().call_soon(self._on_lost)
+            self._on_lost = None
         self._watch.cancel()
         self._kept.remove_loss_callback(self._on_lease_lost)
         if not self._shared:
