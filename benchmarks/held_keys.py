@@ -10,7 +10,9 @@ bounded number of takes in flight. Another provider (its own connection) plays
 "anyone": it releases or transfers held keys, and the holder's ``lease.lost`` tells
 when the loss was seen. Printed:
 
-- **take**: from the first ``hold`` started to the last block entered;
+- **take**: from the first ``hold`` started to the last block entered, and the CPU
+  seconds this process and etcd spent meanwhile (on a busy host, the wall time
+  mostly says how much CPU the others left);
 - **detection ready**: the key taken last is released by the other provider right
   after the last take; the time until its holder sees the loss says when loss
   detection covered every key (a key's changes are never missed, only seen late);
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import sys
@@ -130,6 +133,10 @@ def per_key(before: int | None, after: int | None, keys: int) -> str:
     return "-" if before is None or after is None else f"{(after - before) / keys:,.0f} B"
 
 
+def seconds_of(figure: float | None) -> str:
+    return "-" if figure is None else f"{figure:.1f}"
+
+
 def cpu(figure: float | None) -> str:
     return "-" if figure is None else f"{figure * 100:.2f}%"
 
@@ -144,10 +151,18 @@ async def run(endpoints: Sequence[str], keys: int, seconds: float, etcd_pid: int
         await anyone.get_lease_owner("warm-up")
         rss_before, etcd_before = rss_bytes(), rss_bytes(etcd_pid)
         held = Held(holder, keys)
+        meter = CpuMeter(etcd_pid)
         taking = await held.take()
+        taking_cpu = meter.per_second(1.0)
         ready = await lose(anyone, held.leases[-1], transfer=False)
-        print(f"{keys:,} keys held, TTL {TTL_MS / 1000:g} s, {IN_FLIGHT} takes in flight")
-        print(f"  take                 {taking:8.2f} s   ({keys / taking:,.0f} keys/s)")
+        print(
+            f"{keys:,} keys held, TTL {TTL_MS / 1000:g} s, {IN_FLIGHT} takes in flight;"
+            f" load average {os.getloadavg()[0]:.1f} after the take"
+        )
+        print(
+            f"  take                 {taking:8.2f} s   ({keys / taking:,.0f} keys/s;"
+            f" CPU s: client {seconds_of(taking_cpu[0])}, etcd {seconds_of(taking_cpu[1])})"
+        )
         print(f"  detection ready      {ready * 1000:8.1f} ms  after the last take")
         rss_after, etcd_after = rss_bytes(), rss_bytes(etcd_pid)
         print(
