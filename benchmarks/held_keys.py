@@ -38,8 +38,9 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 
+from benchmarks.bench.config import HoldCase
+from benchmarks.bench.keepalive import HeldLeases
 from benchmarks.bench.stats import CpuMeter
 from etcd_leases import EtcdLeaseProvider, HeldLease
 from etcd_leases.testing import EtcdCluster
@@ -61,53 +62,6 @@ def rss_bytes(pid: int | None = None) -> int | None:
     except OSError:
         pass
     return None
-
-
-class Held:
-    """N ``hold`` blocks, each in a task that stays inside until ``stop``."""
-
-    def __init__(self, provider: EtcdLeaseProvider, keys: int) -> None:
-        self._provider = provider
-        self._keys = keys
-        self._in_flight = asyncio.Semaphore(IN_FLIGHT)
-        self._stop = asyncio.Event()
-        self._entered = 0
-        self._all_entered = asyncio.Event()
-        self.leases: list[HeldLease] = []  # in the order their blocks were entered
-        self.failures: list[str] = []
-        self._tasks: list[asyncio.Task[None]] = []
-
-    async def _hold(self, i: int) -> None:
-        holding: AbstractAsyncContextManager[HeldLease] = self._provider.hold(
-            f"held/{i}", f"holder-{i}", TTL_MS
-        )
-        async with self._in_flight:
-            try:
-                lease = await holding.__aenter__()
-            except Exception as exc:
-                self.failures.append(f"{type(exc).__name__}: {exc}")
-                lease = None
-            self._entered += 1
-            if self._entered == self._keys:
-                self._all_entered.set()
-        if lease is None:
-            return
-        self.leases.append(lease)
-        await self._stop.wait()
-        async with self._in_flight:
-            await holding.__aexit__(None, None, None)
-
-    async def take(self) -> float:
-        start = time.perf_counter()
-        self._tasks = [asyncio.create_task(self._hold(i)) for i in range(self._keys)]
-        await self._all_entered.wait()
-        return time.perf_counter() - start
-
-    async def leave(self) -> float:
-        start = time.perf_counter()
-        self._stop.set()
-        await asyncio.gather(*self._tasks)
-        return time.perf_counter() - start
 
 
 async def lose(anyone: EtcdLeaseProvider, lease: HeldLease, transfer: bool) -> float:
@@ -150,7 +104,7 @@ async def run(endpoints: Sequence[str], keys: int, seconds: float, etcd_pid: int
         await holder.get_lease_owner("warm-up")
         await anyone.get_lease_owner("warm-up")
         rss_before, etcd_before = rss_bytes(), rss_bytes(etcd_pid)
-        held = Held(holder, keys)
+        held = HeldLeases(holder, HoldCase(keys, TTL_MS), IN_FLIGHT)
         meter = CpuMeter(etcd_pid)
         taking = await held.take()
         taking_cpu = meter.per_second(1.0)
@@ -186,12 +140,12 @@ async def run(endpoints: Sequence[str], keys: int, seconds: float, etcd_pid: int
         lost = [lease for lease in held.leases if lease.lost.is_set() and lease.key not in probed]
         for name, (ours, etcd) in (("idle", idle), (f"{HOGS} CPU hogs", loaded)):
             print(f"  CPU while holding, {name:<10} client {cpu(ours)}, etcd {cpu(etcd)}")
-        print(f"  lost {len(lost):,}, not taken {len(held.failures):,}")
-        for reason in [lease.lost_reason for lease in lost[:3]] + held.failures[:3]:
+        print(f"  lost {len(lost):,}, not taken {len(held.not_taken):,}")
+        for reason in [lease.lost_reason for lease in lost[:3]] + held.not_taken[:3]:
             print(f"    e.g. {reason}")
         leaving = await held.leave()
         print(f"  leave                {leaving:8.2f} s")
-    return 1 if lost or held.failures else 0
+    return 1 if lost or held.not_taken else 0
 
 
 def main(argv: Sequence[str] | None = None) -> None:

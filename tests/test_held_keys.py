@@ -12,13 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
 from etcd_leases import EtcdLeaseProvider, HeldLease
-from etcd_leases.etcd.txn import Txn, delete
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.txn import Txn, delete, put
+from etcd_leases.etcd.watch import WatchStream
 from etcd_leases.etcd.watch import stream as watch_stream
+from etcd_leases.etcd.watch.held_keys import HeldKeysWatch
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import unique_prefix
 
@@ -36,6 +39,21 @@ async def hold_many(
             return await stack.enter_async_context(provider.hold(f"k{i}", f"me-{i}", TTL_MS))
 
     return list(await asyncio.gather(*(take(i) for i in range(count))))
+
+
+@contextlib.asynccontextmanager
+async def holding_on_first_member(
+    cluster: EtcdCluster, count: int
+) -> AsyncIterator[tuple[list[HeldLease], EtcdLeaseProvider]]:
+    """``count`` keys held by a provider whose streams are on ``members[0]``, and a
+    provider of the same prefix that knows only the other members."""
+    prefix = unique_prefix()
+    async with (
+        EtcdLeaseProvider(cluster.endpoints, prefix=prefix, timeout=5) as provider,
+        EtcdLeaseProvider(cluster.endpoints[1:], prefix=prefix, timeout=5) as anyone,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        yield await hold_many(provider, stack, count), anyone
 
 
 async def seen_lost(leases: Sequence[HeldLease], within: float = 10.0) -> None:
@@ -85,13 +103,7 @@ async def test_a_change_whose_history_was_compacted_under_the_watch_is_seen(
 ) -> None:
     # Only the member's death may break the holder's watch stream, not its silence.
     monkeypatch.setattr(watch_stream, "_PROBE_AFTER_S", 120.0)
-    prefix = unique_prefix()
-    async with (
-        EtcdLeaseProvider(etcd_cluster.endpoints, prefix=prefix, timeout=5) as provider,
-        EtcdLeaseProvider(etcd_cluster.endpoints[1:], prefix=prefix, timeout=5) as anyone,
-        contextlib.AsyncExitStack() as stack,
-    ):
-        held = await hold_many(provider, stack, 500)
+    async with holding_on_first_member(etcd_cluster, 500) as (held, anyone):
         changed = held[7]
         # The holder's streams are on members[0]: frozen, it delivers nothing.
         etcd_cluster.members[0].pause()
@@ -116,13 +128,7 @@ async def test_a_change_whose_history_was_compacted_under_the_watch_is_seen(
 async def test_changes_made_while_the_watch_moves_off_a_killed_member_are_seen(
     etcd_cluster: EtcdCluster,
 ) -> None:
-    prefix = unique_prefix()
-    async with (
-        EtcdLeaseProvider(etcd_cluster.endpoints, prefix=prefix, timeout=5) as provider,
-        EtcdLeaseProvider(etcd_cluster.endpoints[1:], prefix=prefix, timeout=5) as anyone,
-        contextlib.AsyncExitStack() as stack,
-    ):
-        held = await hold_many(provider, stack, 500)
+    async with holding_on_first_member(etcd_cluster, 500) as (held, anyone):
         etcd_cluster.members[0].kill()  # the member the holder's streams are on
         await asyncio.to_thread(etcd_cluster.leader)
         await anyone.release_lease(held[3].key, held[3].owner)
@@ -134,3 +140,45 @@ async def test_changes_made_while_the_watch_moves_off_a_killed_member_are_seen(
         await anyone.release_lease(held[5].key, held[5].owner)
         await seen_lost([held[5]])
         assert sorted(lost(held)) == sorted(lease.key for lease in held[3:6])
+
+
+async def test_a_tenure_registered_after_the_watch_passed_its_start_looks_back(
+    etcd: EtcdCluster,
+) -> None:
+    prefix = unique_prefix().encode()
+    client = EtcdClient(etcd.endpoints, timeout=5)
+    watches = WatchStream(client)
+    held_keys = HeldKeysWatch(watches, client, prefix)
+    changes: dict[bytes, asyncio.Future[str]] = {}
+
+    def watch(name: bytes, start: int) -> None:
+        changes[name] = asyncio.get_running_loop().create_future()
+        held_keys.watch(prefix + name, start, changes[name].set_result, changes[name].set_exception)
+
+    async def write(name: bytes, value: bytes) -> int:
+        response = await client.txn(Txn.when().then(put(prefix + name, value)).request)
+        return response.header.revision
+
+    try:
+        watch(b"first", await write(b"first", b"me") + 1)  # the shared watch starts here
+        taken = await write(b"late", b"me")
+        await write(b"late", b"you")  # changed before its tenure registers
+        unchanged = await write(b"quiet", b"me")
+        watch(b"sentinel", await write(b"sentinel", b"me") + 1)
+        await write(b"sentinel", b"you")
+        # Events come in order: the watch has gone past every write above.
+        assert "handed to 'you'" in await asyncio.wait_for(changes[b"sentinel"], 10)
+        watch(b"late", taken + 1)
+        watch(b"quiet", unchanged + 1)
+        watch(b"ancient", 1)  # before the watch began: its key is read again
+        assert "handed to 'you'" in await asyncio.wait_for(changes[b"late"], 10)
+        assert "before its watch" in await asyncio.wait_for(changes[b"ancient"], 10)
+        await write(b"first", b"you")
+        await asyncio.wait_for(changes[b"first"], 10)
+        assert not changes[b"quiet"].done()
+    finally:
+        await watches.close()  # ends the tenures left with ProviderClosed
+        await client.close()
+        for change in changes.values():
+            if change.done():
+                change.exception()  # retrieved
