@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from etcd_leases.errors import LeaseError
 from etcd_leases.etcd.keepalive import KeepAliveLoop
 from etcd_leases.etcd.kept_lease import KeptLease
 from etcd_leases.etcd.watch.held_keys import HeldKey, HeldKeysWatch
@@ -51,8 +52,7 @@ class EtcdKeeper:
             etcd_key,
             watch_from,
             on_changed=self.lose,
-            # Without its watch a tenure cannot be vouched for within milliseconds.
-            on_error=lambda exc: self._give_up(f"the key's watch failed: {exc}"),
+            on_error=self._watch_failed,
         )
         kept.add_loss_callback(self._on_lease_lost)
 
@@ -88,6 +88,10 @@ class EtcdKeeper:
         if not self.lost.is_set() and self._shared and self._abandon is not None:
             self._abandon(self._etcd_key, self._token)
         self.lose(reason)
+
+    def _watch_failed(self, error: LeaseError) -> None:
+        # Without its watch a tenure cannot be vouched for within milliseconds.
+        self._give_up(f"the key's watch failed: {error}")
 
     def _on_lease_lost(self, kept: KeptLease) -> None:
         self.lose(kept.lost_reason or "its lease was lost")

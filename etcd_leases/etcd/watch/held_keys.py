@@ -115,7 +115,8 @@ class HeldKeysWatch:
         self._client = client
         # An empty prefix covers every key: [b"\0", b"\0") is etcd's "from \0 on".
         self._range = (prefix, prefix_end(prefix)) if prefix else (b"\0", b"\0")
-        self._held: dict[bytes, dict[HeldKey, None]] = {}
+        # The tenures of each key: one (so no container per key, as a rule) or a list.
+        self._held: dict[bytes, HeldKey | list[HeldKey]] = {}
         self._watcher: Watcher | None = None
         # The latest change of each key seen, in two generations: ``_recent`` holds
         # every event from ``_recent_from`` on, the two together from ``_known_from``.
@@ -152,7 +153,13 @@ class HeldKeysWatch:
                 range_end=self._range[1],
             )
             self._forget_changes(start)
-        self._held.setdefault(key, {})[held] = None
+        tenures = self._held.get(key)
+        if tenures is None:
+            self._held[key] = held
+        elif isinstance(tenures, list):
+            tenures.append(held)
+        else:
+            self._held[key] = [tenures, held]
         if watcher is None or watcher.ended or start >= watcher.next_revision:
             return held  # every event from ``start`` on is still to come
         if start >= self._known_from:
@@ -165,14 +172,24 @@ class HeldKeysWatch:
 
     def _forget(self, held: HeldKey) -> None:
         tenures = self._held.get(held.key)
-        if tenures is None:
-            return
-        tenures.pop(held, None)
-        if not tenures:
+        if tenures is held:
             del self._held[held.key]
+        elif isinstance(tenures, list) and held in tenures:
+            tenures.remove(held)
+            if len(tenures) == 1:
+                self._held[held.key] = tenures[0]
         if not self._held and self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
+
+    def _every_tenure(self) -> list[HeldKey]:
+        every: list[HeldKey] = []
+        for tenures in self._held.values():
+            if isinstance(tenures, list):
+                every.extend(tenures)
+            else:
+                every.append(tenures)
+        return every
 
     def _forget_changes(self, known_from: int) -> None:
         """Events from ``known_from`` on are still to come: nothing before is known."""
@@ -196,15 +213,16 @@ class HeldKeysWatch:
             change = (kv.mod_revision, None if event.type == pb.Event.DELETE else kv.value)
             recent[kv.key] = change
             tenures = held.get(kv.key)
-            if tenures:
-                for tenure in list(tenures):
-                    if kv.mod_revision >= tenure.start:
-                        tenure._changed(_describe(change))
+            if tenures is None:
+                continue
+            for tenure in list(tenures) if isinstance(tenures, list) else (tenures,):
+                if kv.mod_revision >= tenure.start:
+                    tenure._changed(_describe(change))
 
     def _on_error(self, error: LeaseError) -> None:
         """The shared watch ended (closed, refused): no held key can be vouched for."""
         self._watcher = None
-        tenures = [tenure for tenures in self._held.values() for tenure in tenures]
+        tenures = self._every_tenure()
         self._held.clear()
         for tenure in tenures:
             tenure._failed(error)
@@ -214,7 +232,7 @@ class HeldKeysWatch:
         assert self._watcher is not None
         # The watch resumes at etcd's compaction revision: changes before are unknown.
         self._forget_changes(self._watcher.next_revision)
-        tenures = [tenure for tenures in self._held.values() for tenure in tenures]
+        tenures = self._every_tenure()
         self._rereads.start(self._reread_all(tenures))
 
     async def _reread_key(self, held: HeldKey) -> None:
