@@ -1,8 +1,9 @@
 """One etcd ``Watch`` stream per provider, shared by every watcher (of a key or a range).
 
-Held leases need to see within milliseconds that their key was transferred or
-deleted, and a process may hold thousands of them; waiters and leader-election
-observers iterate over the changes of a key. Both go through :class:`WatchStream`:
+Held keys need to see within milliseconds that they were transferred or deleted
+(all of a provider's through one watch over its prefix, :mod:`.held_keys`); waiters
+and leader-election observers iterate over the changes of a key. Both go through
+:class:`WatchStream`:
 
 - **One bidirectional stream, one background task.** Watchers are plain objects:
   no task per watcher. Events are handed to a watcher's ``on_events`` callback,
