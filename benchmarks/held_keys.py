@@ -12,7 +12,8 @@ when the loss was seen. Printed:
 
 - **take**: from the first ``hold`` started to the last block entered, and the CPU
   seconds this process and etcd spent meanwhile (on a busy host, the wall time
-  mostly says how much CPU the others left);
+  mostly says how much CPU the others left); ``--gc-off`` turns Python's cyclic GC
+  off meanwhile, to show its share (it walks every held key's objects as they grow);
 - **detection ready**: the key taken last is released by the other provider right
   after the last take; the time until its holder sees the loss says when loss
   detection covered every key (a key's changes are never missed, only seen late);
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import random
 import statistics
@@ -95,7 +97,9 @@ def cpu(figure: float | None) -> str:
     return "-" if figure is None else f"{figure * 100:.2f}%"
 
 
-async def run(endpoints: Sequence[str], keys: int, seconds: float, etcd_pid: int | None) -> int:
+async def run(
+    endpoints: Sequence[str], keys: int, seconds: float, etcd_pid: int | None, gc_off: bool
+) -> int:
     prefix = f"/etcd-leases-bench-held/{uuid.uuid4().hex}/"
     async with (
         EtcdLeaseProvider(endpoints, prefix=prefix) as holder,
@@ -106,12 +110,16 @@ async def run(endpoints: Sequence[str], keys: int, seconds: float, etcd_pid: int
         rss_before, etcd_before = rss_bytes(), rss_bytes(etcd_pid)
         held = HeldLeases(holder, HoldCase(keys, TTL_MS), IN_FLIGHT)
         meter = CpuMeter(etcd_pid)
+        if gc_off:
+            gc.disable()
         taking = await held.take()
+        gc.enable()
         taking_cpu = meter.per_second(1.0)
         ready = await lose(anyone, held.leases[-1], transfer=False)
         print(
             f"{keys:,} keys held, TTL {TTL_MS / 1000:g} s, {IN_FLIGHT} takes in flight;"
             f" load average {os.getloadavg()[0]:.1f} after the take"
+            + ("; cyclic GC off while taking" if gc_off else "")
         )
         print(
             f"  take                 {taking:8.2f} s   ({keys / taking:,.0f} keys/s;"
@@ -154,14 +162,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--keys", type=int, help="how many keys to hold (default 100,000)")
     parser.add_argument("--seconds", type=float, help="each CPU window (default 15 s)")
     parser.add_argument("--endpoints", help="an etcd you already run (host:port,...)")
+    parser.add_argument(
+        "--gc-off", action="store_true", help="Python's cyclic GC off while taking (its share)"
+    )
     args = parser.parse_args(argv)
     keys = args.keys or (2_000 if args.quick else 100_000)
     seconds = args.seconds or (3.0 if args.quick else 15.0)
     if args.endpoints:
-        sys.exit(asyncio.run(run(args.endpoints.split(","), keys, seconds, None)))
+        sys.exit(asyncio.run(run(args.endpoints.split(","), keys, seconds, None, args.gc_off)))
     with EtcdCluster(1) as cluster:
         print(f"throwaway etcd at {cluster.endpoint_string}")
-        code = asyncio.run(run(cluster.endpoints, keys, seconds, cluster.members[0].pid))
+        code = asyncio.run(
+            run(cluster.endpoints, keys, seconds, cluster.members[0].pid, args.gc_off)
+        )
     sys.exit(code)
 
 
