@@ -263,3 +263,19 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["errors"] == []
     assert written["calls"]["acquire (free key)"]["raft_writes"] is not None
+
+
+@pytest.mark.timeout(300)
+def test_held_keys_benchmark_holds_detects_and_loses_none() -> None:
+    # Small: the script's every step, not its figures (those are the full run's).
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.held_keys", "--keys", "300", "--seconds", "0.5"],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    for figure in ("take", "detection ready", "memory per held key", "2 CPU hogs"):
+        assert figure in run.stdout
+    assert "lost 0, not taken 0" in run.stdout

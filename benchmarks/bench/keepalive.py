@@ -27,10 +27,12 @@ HOGS = 2
 class HeldLeases:
     """``case.leases`` hold blocks, each in a task that stays inside until ``stop``."""
 
-    def __init__(self, provider: EtcdLeaseProvider, case: HoldCase) -> None:
+    def __init__(
+        self, provider: EtcdLeaseProvider, case: HoldCase, admission: int = ADMISSION
+    ) -> None:
         self._provider = provider
         self._case = case
-        self._admission = asyncio.Semaphore(ADMISSION)
+        self._admission = asyncio.Semaphore(admission)  # blocks entered or left at a time
         self._stop = asyncio.Event()
         self.leases: list[HeldLease] = []
         self.not_taken: list[str] = []

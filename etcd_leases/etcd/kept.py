@@ -145,9 +145,8 @@ class KeptTenures(PooledTenures):
             etcd_key,
             kept,
             watch_from,
-            self._watches,
+            self._held_keys,
             self._keepalive,
-            self._client,
             shared=shared,
             abandon=self._delete_abandoned if shared else None,
         )

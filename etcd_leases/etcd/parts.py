@@ -22,6 +22,7 @@ from etcd_leases.etcd.pool import Grant, LeasePool
 from etcd_leases.etcd.session import Sessions
 from etcd_leases.etcd.tasks import BackgroundTasks
 from etcd_leases.etcd.watch import WatchStream
+from etcd_leases.etcd.watch.held_keys import HeldKeysWatch
 
 DEFAULT_PREFIX = "/etcd-leases/"
 
@@ -71,6 +72,8 @@ class BackendParts:
         # revoke (up to seconds), which must not hold up the held leases' renewals.
         self._renewals = KeepAliveLoop(self._client)
         self._watches = WatchStream(self._client)
+        # Held keys share one watch over the prefix, not one watch each.
+        self._held_keys = HeldKeysWatch(self._watches, self._client, self._prefix)
         # Leases granted ahead, so that taking a key is one transaction; and the
         # session leases that hold's keys share, so renewals cost O(1) per TTL.
         self._pool = LeasePool(self._client, self._keepalive, self._renewals, self._grant)

@@ -79,9 +79,10 @@ class PooledTenures(TxnCopies):
         never outlasts etcd's. A lease of ours that did not end up on the key goes
         back to the pool; one that ran out under the key before its renewal was
         answered is cleared up, and the outcome reported unknown. ``replaces`` is the
-        key as a move read it (``None`` for a create): an interrupted create is undone, an interrupted move is settled in the background
-        and keeps whichever tenure it left, so the key is never free. When a copy sent
-        after a lost answer fails, the key's history tells whether an earlier one landed.
+        key as a move read it (``None`` for a create): an interrupted create is
+        undone, an interrupted move is settled in the background and keeps whichever
+        tenure it left, so the key is never free. When a copy sent after a lost answer
+        fails, the key's history tells whether an earlier one landed.
         """
         # Only a change after this revision can be ours: a move compares the revision
         # it read, and a create lands after every answer seen before it is sent (the

@@ -72,6 +72,11 @@ class Sessions:
 
     async def get(self, ttl_s: int) -> Session:
         """The live session for ``ttl_s`` seconds (as asked of etcd), granted if none is."""
+        session = self._sessions.get(ttl_s)
+        if session is not None and session.kept.remaining() > 0:
+            # Not through the lock: its acquire costs O(waiters), and a burst of
+            # thousands of takes would queue there for a session that is live.
+            return session
         async with self._granting.setdefault(ttl_s, asyncio.Lock()):
             session = self._sessions.get(ttl_s)
             if session is not None and session.kept.remaining() > 0:

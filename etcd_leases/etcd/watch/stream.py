@@ -1,8 +1,9 @@
 """One etcd ``Watch`` stream per provider, shared by every watcher (of a key or a range).
 
-Held leases need to see within milliseconds that their key was transferred or
-deleted, and a process may hold thousands of them; waiters and leader-election
-observers iterate over the changes of a key. Both go through :class:`WatchStream`:
+Held keys need to see within milliseconds that they were transferred or deleted
+(all of a provider's through one watch over its prefix, :mod:`.held_keys`); waiters
+and leader-election observers iterate over the changes of a key. Both go through
+:class:`WatchStream`:
 
 - **One bidirectional stream, one background task.** Watchers are plain objects:
   no task per watcher. Events are handed to a watcher's ``on_events`` callback,
@@ -10,18 +11,11 @@ observers iterate over the changes of a key. Both go through :class:`WatchStream
 - **Creates are serialized.** etcd answers the creates of one stream in order but
   only says which watch id it assigned, so, like the Go client, we send one create
   at a time and map the id of each ``created`` answer to the watcher that asked.
-- **Nothing lost, nothing twice.** Each watcher keeps its resume point,
-  ``next_revision`` (the revision after the last event it was given). When the
-  stream breaks (a gRPC error, the server ending it, a member that loses its leader,
-  is killed, or freezes, which gRPC keepalive notices; a create left unanswered) it
-  is reopened on the next endpoint with exponential backoff (50 ms .. 1 s) and every
-  live watcher is created again from its resume point. Events below the resume
-  point are dropped, so an event is never delivered twice.
-- **History lost is said, not hidden.** When etcd has compacted the revisions a
-  watcher still needs, the watcher receives an **empty batch** (``[]``): "history was
-  lost, re-read the key". It then resumes from etcd's compaction revision, the oldest
-  one still kept, so later events still arrive, each once. After a re-read at some
-  revision R, events with ``kv.mod_revision <= R`` may still follow: compare revisions.
+- **Nothing lost, nothing twice; history lost is said** (see :mod:`.watcher`): a
+  stream that breaks (a gRPC error, the server ending it, a member that loses its
+  leader, is killed, or freezes, which gRPC keepalive notices; a create left
+  unanswered) is reopened on the next endpoint with exponential backoff (50 ms .. 1 s)
+  and every live watcher is created again from its resume point.
 
 The task starts with the first watcher and stops after ``idle_timeout`` seconds
 without any. No gRPC error escapes: a watcher only ever ends by
@@ -36,7 +30,6 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeAlias
 
 import grpc
@@ -45,23 +38,24 @@ import grpc.aio
 from etcd_leases.errors import (
     BackendError,
     LeaseError,
-    LeaseTypeError,
-    LeaseValueError,
     PermissionDenied,
     ProviderClosed,
 )
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.rpc_errors import to_lease_error
+from etcd_leases.etcd.watch.refusals import Refusals, is_auth_refusal
+from etcd_leases.etcd.watch.watcher import (
+    ErrorCallback,
+    EventsCallback,
+    Watcher,
+    check_watch_arguments,
+)
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
-__all__ = ["ErrorCallback", "EventsCallback", "WatchStream", "Watcher"]
+__all__ = ["WatchStream"]
 
 _log = logging.getLogger(__name__)
 
-#: Called synchronously with each batch of a watcher's events (``[]``: re-read the key).
-EventsCallback: TypeAlias = Callable[[list[pb.Event]], None]
-#: Called once when a watcher ends with an error (closed stream, watch refused).
-ErrorCallback: TypeAlias = Callable[[LeaseError], None]
 _WatchCall: TypeAlias = grpc.aio.StreamStreamCall[pb.WatchRequest, pb.WatchResponse]
 
 _MIN_BACKOFF_S = 0.05
@@ -72,144 +66,10 @@ _HEALTHY_S = 2.0  # a stream that lived this long restarts the backoff when it b
 # stream has been quiet this long, and give the stream up if nothing answers in time.
 _PROBE_AFTER_S = 1.0
 _PROBE_PATIENCE_S = 2.0
-_AUTH_REFUSALS = ("permission denied", "invalid auth token")
-_MAX_REFUSALS = 3
 
 
 class _StreamBroken(Exception):
     """The stream can no longer be trusted; reopen it elsewhere and re-create watchers."""
-
-
-class Watcher:
-    """Changes of one exact key (or range), from a start revision on, in revision order.
-
-    ``async for batch in watcher`` yields lists of ``pb.Event``; an empty list means
-    etcd compacted history this watcher still needed: re-read the key. Iteration ends
-    after :meth:`cancel`, and raises ``ProviderClosed`` after :meth:`WatchStream.close`
-    (batches received before it are still yielded first).
-
-    A watcher made with ``on_events`` hands every batch to that callback instead and
-    queues nothing; iterating it only waits for its end.
-    """
-
-    def __init__(
-        self,
-        stream: WatchStream,
-        key: bytes,
-        start_revision: int,
-        on_events: EventsCallback | None,
-        on_error: ErrorCallback | None,
-        range_end: bytes = b"",
-    ) -> None:
-        self.key = key
-        #: Watches every key in ``[key, range_end)`` when set, else ``key`` alone.
-        self.range_end = range_end
-        #: The first revision not yet delivered: where a re-created watch starts.
-        #: 0 (only before etcd first registers a "from now" watch) means "current".
-        self.next_revision = start_revision
-        #: The id etcd gave this watch on the current stream, once registered.
-        self.watch_id: int | None = None
-        self._stream = stream
-        self._on_events = on_events
-        self._on_error = on_error
-        self._queue: deque[list[pb.Event]] = deque()
-        self._ready = asyncio.Event()
-        self._ended = False
-        self._error: LeaseError | None = None
-
-    def __repr__(self) -> str:
-        state = "ended" if self._ended else f"next_revision={self.next_revision}"
-        return f"<Watcher {self.key!r} {state}>"
-
-    @property
-    def registered(self) -> bool:
-        """True while etcd has confirmed this watch on the current stream."""
-        return self.watch_id is not None
-
-    @property
-    def ended(self) -> bool:
-        """True once the watcher was cancelled, closed or refused: no more events."""
-        return self._ended
-
-    @property
-    def error(self) -> LeaseError | None:
-        """Why the watcher ended, if not by :meth:`cancel`."""
-        return self._error
-
-    def cancel(self) -> None:
-        """Stop watching (idempotent): no more callbacks; iteration ends at once."""
-        if self._ended:
-            return
-        self._ended = True
-        self._queue.clear()
-        self._stream._forget(self)
-        self._ready.set()
-
-    def __aiter__(self) -> AsyncIterator[list[pb.Event]]:
-        return self
-
-    async def __anext__(self) -> list[pb.Event]:
-        while True:
-            if self._queue:
-                return self._queue.popleft()
-            if self._ended:
-                if self._error is not None:
-                    # The same instance for every caller; drop the previous traceback.
-                    raise self._error.with_traceback(None)
-                raise StopAsyncIteration
-            self._ready.clear()
-            await self._ready.wait()
-
-    # Called by the stream.
-
-    def _deliver(self, events: Sequence[pb.Event]) -> None:
-        """Hand over the events at or after the resume point, and move it past them."""
-        batch = [event for event in events if event.kv.mod_revision >= self.next_revision]
-        if not batch:
-            return
-        self.next_revision = batch[-1].kv.mod_revision + 1
-        self._emit(batch)
-
-    def _compacted(self, compact_revision: int) -> None:
-        """History before ``compact_revision`` is gone: tell the consumer to re-read."""
-        self.next_revision = max(self.next_revision, compact_revision)
-        self._emit([])
-
-    def _progress(self, revision: int) -> None:
-        """etcd says every event up to ``revision`` was sent.
-
-        Keeps a quiet watcher's resume point from falling behind compaction. Moves it
-        to ``revision`` itself, not past it, and never back: etcd's progress reports
-        have had ordering bugs (etcd-io/etcd#15220, #20221), so trust them little.
-        """
-        self.next_revision = max(self.next_revision, revision)
-
-    def _emit(self, batch: list[pb.Event]) -> None:
-        if self._ended:
-            return
-        if self._on_events is None:
-            self._queue.append(batch)
-            self._ready.set()
-            return
-        try:
-            self._on_events(batch)
-        except Exception:
-            # One consumer's bug must not break the stream the others share.
-            _log.exception("on_events callback of %r raised", self)
-
-    def _finish(self, error: LeaseError) -> None:
-        """End the watcher with ``error``; queued batches are still yielded first."""
-        if self._ended:
-            return
-        self._ended = True
-        self._error = error
-        self.watch_id = None
-        self._ready.set()
-        if self._on_error is not None:
-            try:
-                self._on_error(error)
-            except Exception:
-                _log.exception("on_error callback of %r raised", self)
 
 
 class WatchStream:
@@ -230,8 +90,7 @@ class WatchStream:
         self._create_deadline = 0.0  # when the create in flight counts as unanswered
         self._heard_at = 0.0  # loop time of the last answer on the current stream
         self._endpoint = 0  # the client's endpoint the current stream is on
-        # Watchers whose create etcd refused for auth reasons, and how many times.
-        self._refused_watchers: dict[Watcher, int] = {}
+        self._refusals = Refusals(client)
 
     @property
     def closed(self) -> bool:
@@ -265,16 +124,7 @@ class WatchStream:
         if self._closed:
             raise ProviderClosed("the watch stream is closed")
         self._client.check_open()
-        if not isinstance(key, bytes):
-            raise LeaseTypeError(f"key must be bytes, not {type(key).__name__}")
-        if not key:
-            raise LeaseValueError("key must not be empty")
-        if not isinstance(start_revision, int) or isinstance(start_revision, bool):
-            raise LeaseTypeError(
-                f"start_revision must be an int, not {type(start_revision).__name__}"
-            )
-        if start_revision < 0:
-            raise LeaseValueError(f"start_revision must be >= 0, got {start_revision}")
+        check_watch_arguments(key, start_revision)
         loop = asyncio.get_running_loop()  # before any bookkeeping: raises outside a loop
         watcher = Watcher(self, key, start_revision, on_events, on_error, range_end)
         self._pending[watcher] = None
@@ -337,8 +187,9 @@ class WatchStream:
         backoff = _MIN_BACKOFF_S
         try:
             while not self._closed:
-                if self._refused_watchers:
-                    await self._check_refused()
+                if self._refusals:
+                    for refused in await self._refusals.check():
+                        self._pending.pop(refused, None)
                     if not self._live():
                         return  # every watcher left was refused for good
                 opened = asyncio.get_running_loop().time()
@@ -541,7 +392,7 @@ class WatchStream:
             elif not watcher.ended:
                 self._refused(watcher, response.cancel_reason)
             return
-        self._refused_watchers.pop(watcher, None)  # it was the token, then
+        self._refusals.accepted(watcher)
         if watcher.ended:
             self._cancels.append(response.watch_id)  # cancelled while being created
             return
@@ -555,40 +406,12 @@ class WatchStream:
 
     def _refused(self, watcher: Watcher, reason: str) -> None:
         """etcd would not create the watch: check why on a fresh stream, or end the watcher."""
-        if not any(word in reason for word in _AUTH_REFUSALS):
+        if not is_auth_refusal(reason):
             watcher._finish(BackendError(f"etcd: cannot watch {watcher.key!r}: {reason}"))
             return
-        # etcd checks the token the stream was opened with at every create, and says
-        # "permission denied" (3.5) or "invalid auth token" (3.4) once it has expired.
-        # Let _check_refused tell that from a real refusal, then reopen the stream.
-        self._refused_watchers[watcher] = self._refused_watchers.get(watcher, 0) + 1
+        self._refusals.add(watcher)
         self._pending[watcher] = None
         raise _StreamBroken(f"etcd refused a watch: {reason!r}")
-
-    async def _check_refused(self) -> None:
-        """Before reopening: a unary read of each refused key settles it.
-
-        The client logs in again if its token expired, so a read that passes means
-        the next stream carries a good token; a read refused means the watch is too.
-        """
-        refused, self._refused_watchers = self._refused_watchers, {}
-        for watcher, count in refused.items():
-            if watcher.ended:
-                continue
-            try:
-                await self._client.range(watcher.key)
-            except PermissionDenied as exc:
-                self._pending.pop(watcher, None)
-                watcher._finish(PermissionDenied(f"etcd: cannot watch {watcher.key!r}: {exc}"))
-                continue
-            except LeaseError:
-                pass  # unknown yet: the next stream's create asks again
-            if count >= _MAX_REFUSALS:
-                # Readable, yet never watchable: do not reopen the stream forever.
-                self._pending.pop(watcher, None)
-                watcher._finish(PermissionDenied(f"etcd: cannot watch {watcher.key!r}"))
-            else:
-                self._refused_watchers[watcher] = count
 
 
 def _describe(exc: BaseException) -> str:
