@@ -15,11 +15,13 @@ the renewal answered in time the same steps answer "acquired".
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
-from etcd_leases import BackendUnavailable, EtcdLeaseProvider
+from etcd_leases import BackendUnavailable, EtcdLeaseProvider, LeaseError
 from etcd_leases.etcd.keepalive import Renewal
+from etcd_leases.etcd.session import Session
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import eventually, past_one_shot, unique_prefix
 from tests.linearizability.checker import check
@@ -77,3 +79,55 @@ async def test_an_acquire_whose_lease_ran_out_under_its_put_does_not_answer_no(
     result = check(history)
     print(explain(result, origin=history.ops[0].start))
     assert result.ok is True
+
+
+async def test_a_hold_whose_session_ran_out_under_its_put_does_not_answer_no(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same on hold's path: the put lands on the session lease, whose renewal sent
+    alongside is answered only after the lease ended (revoked here, as etcd does on
+    expiry) and another owner took the key. The put's tenure began and ended: the
+    acquire must not answer "refused, held by o1" (it did, in a fault run's election)."""
+    prefix = unique_prefix()
+    async with (
+        EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as late,
+        EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as other,
+    ):
+        async with late.hold("warm-up", "x", TTL_MS):  # the session exists already
+            pass
+        sessions = late._sessions
+        original = sessions.renewal
+        delayed: list[int] = []
+
+        def renewal_that_arrives_late(session: Session) -> asyncio.Future[Renewal]:
+            if delayed:
+                return original(session)
+            delayed.append(session.lease_id)
+            later: asyncio.Future[Renewal] = asyncio.get_running_loop().create_future()
+
+            async def after_the_others() -> None:
+                await eventually_async(lambda: other.get_lease_owner("k"), "o0")
+                await late.client.revoke(session.lease_id)  # the session lease ends
+                assert (await other.acquire_lease("k", "o1", 10_000)).acquired
+                try:
+                    later.set_result(await original(session))
+                except LeaseError as exc:
+                    later.set_exception(exc)
+
+            asyncio.get_running_loop().create_task(after_the_others())
+            return later
+
+        monkeypatch.setattr(sessions, "renewal", renewal_that_arrives_late)
+        with pytest.raises(BackendUnavailable):  # unknown: never a "no"
+            await late.acquire_kept("k", "o0", TTL_MS)
+        monkeypatch.setattr(sessions, "renewal", original)
+    assert delayed, "the put renewed no session alongside: the steps were not forced"
+
+
+async def eventually_async(read: Callable[[], Awaitable[object]], expected: object) -> None:
+    """Wait until ``read()`` answers ``expected`` (every 10 ms, up to 10 s)."""
+    for _ in range(1000):
+        if await read() == expected:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never read {expected!r}")

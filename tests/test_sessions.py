@@ -146,7 +146,8 @@ async def test_a_tenure_given_up_without_seeing_its_key_change_deletes_the_key(
 
 
 async def test_a_tenure_taken_as_etcd_resumes_starts_alive(etcd_binary: str) -> None:
-    """A hold taken while etcd is frozen, answered once it resumes, is not born lost.
+    """A hold taken while etcd is frozen, answered once it resumes, is not born lost
+    (it holds, or reports the outcome unknown).
 
     The session lease granted then was requested during the freeze: counted from its
     request, its TTL is over when the answer comes. Issue 14 saw ``elect`` take a term
@@ -163,7 +164,14 @@ async def test_a_tenure_taken_as_etcd_resumes_starts_alive(etcd_binary: str) -> 
                     await asyncio.sleep(1.5)  # the new session's grant waits for etcd
                 finally:
                     etcd.members[0].resume()
-                lost_while_held = await asyncio.wait_for(taking, 10)
+                try:
+                    lost_while_held = await asyncio.wait_for(taking, 10)
+                except BackendUnavailable as exc:
+                    # The session lease under the put may have run out meanwhile (it
+                    # was granted during the freeze): then its tenure ended, and the
+                    # hold says so rather than take a second tenure in one call.
+                    assert "outcome unknown" in str(exc)
+                    return
             assert lost_while_held is None
 
 

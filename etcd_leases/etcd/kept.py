@@ -44,6 +44,9 @@ class KeptTenures(PooledTenures):
         self._client.check_open()
         etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
         kv: pb.KeyValue | None = None
+        # Whether a put of this call landed on a session whose renewal then came too
+        # late: that tenure began (others may have seen it), and may have ended.
+        landed_unconfirmed = False
         deadline = time.monotonic() + self._client.timeout
         while True:
             if time.monotonic() > deadline:
@@ -51,6 +54,13 @@ class KeptTenures(PooledTenures):
                     "etcd: no session lease stayed alive long enough to put the key on it"
                 )
             session = await self._sessions.get(self._ttl_s(ttl_ms))
+            if landed_unconfirmed and (kv is None or kv.value != value):
+                # The tenure our put began ended with its session lease: neither a
+                # "no" nor a second tenure from this one call would be true.
+                raise BackendUnavailable(
+                    "etcd: the session lease under the put ran out before its renewal was "
+                    "answered (etcd stalled): the tenure it began has ended; outcome unknown"
+                )
             if kv is None:  # free when last read: create it
                 compare = create_revision_is(etcd_key, 0)
             elif kv.value != value:
@@ -90,7 +100,9 @@ class KeptTenures(PooledTenures):
                 if confirmed:
                     return self._session_tenure(owner, etcd_key, now, session)
                 # The session's deadline passed before the put was answered (etcd
-                # stalled): that tenure never started. Move the key onto a live session.
+                # stalled): keep the tenure by moving the key onto a live session, if
+                # it is still ours.
+                landed_unconfirmed = True
             kv = now
 
     def _session_tenure(
