@@ -183,3 +183,65 @@ async def test_cancelling_run_gives_the_seat_back_at_once(live: Live) -> None:
     lease = await asyncio.wait_for(campaign, 10)  # far below the TTL
     assert await bob.leader() == "bob" and not lease.lost.is_set()
     await bob.resign()
+
+
+async def test_run_returns_when_the_leaders_work_returns(live: Live) -> None:
+    """One term, not another campaign: the work's return ends run."""
+    terms: list[int] = []
+
+    async def lead(lease: HeldLease) -> None:
+        terms.append(lease.token)
+
+    alice = Election(live.provider, "once", "alice", 5000)
+    await asyncio.wait_for(alice.run(lead), 10)
+    assert len(terms) == 1
+    assert await alice.leader() is None
+
+
+async def test_run_campaigns_while_the_first_report_of_the_leader_is_slow(live: Live) -> None:
+    """run waits a moment for on_new_leader's first report, not for ever: a slow
+    report (here, one that waits for this candidate to lead) delays no campaign."""
+    leading = asyncio.Event()
+    reports: list[str | None] = []
+
+    async def new_leader(leader: str | None) -> None:
+        reports.append(leader)
+        await leading.wait()
+
+    async def lead(lease: HeldLease) -> None:
+        leading.set()
+
+    alice = Election(live.provider, "slow-report", "alice", 5000)
+    await asyncio.wait_for(alice.run(lead, on_new_leader=new_leader), 10)
+    assert leading.is_set() and reports[0] is None
+
+
+async def test_run_returns_once_its_callbacks_have_finished(live: Live) -> None:
+    """Neither the leader's work nor on_new_leader still runs once run has returned:
+    a stop waits for the work's clean-up, and the leader watch's report is ended."""
+    events: list[str] = []
+    leading, reported = asyncio.Event(), asyncio.Event()
+    stop = asyncio.Event()
+
+    async def new_leader(leader: str | None) -> None:
+        if leader == "alice":
+            reported.set()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                events.append("report ended")
+
+    async def lead(lease: HeldLease) -> None:
+        leading.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.05)  # clean-up that takes a while
+            events.append("work ended")
+
+    alice = Election(live.provider, "tidy", "alice", 5000)
+    runner = asyncio.create_task(alice.run(lead, on_new_leader=new_leader, stop=stop))
+    await asyncio.wait_for(asyncio.gather(leading.wait(), reported.wait()), 5)
+    stop.set()
+    await asyncio.wait_for(runner, 5)
+    assert sorted(events) == ["report ended", "work ended"]

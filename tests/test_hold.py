@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -13,6 +15,7 @@ from etcd_leases import (
     LeaseHeld,
     LeaseLost,
     LeaseTypeError,
+    LeaseValueError,
     NoopLeaseProvider,
     ProviderClosed,
     hold,
@@ -115,10 +118,13 @@ async def test_a_holders_own_transfer_is_logged_as_info_not_as_a_loss(
     assert "'alice' handed 'handed0' (token" in records[0].getMessage()
 
 
-async def test_a_transfer_that_fails_raises_and_hands_nothing_on() -> None:
+async def test_a_transfer_that_fails_raises_and_hands_nothing_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The backend says the tenure is over (it expired on the backend's clock) before
-    the holder's own clock or a watch told it: the transfer raises, the lease is lost,
-    and the would-be new owner has nothing."""
+    the holder's own clock or a watch told it: the transfer raises, the lease is lost
+    (a loss, logged as one), and the would-be new owner has nothing."""
+    caplog.set_level(logging.INFO, logger="etcd_leases")
     clock = FakeClock()
     provider = InMemoryLeaseProvider(clock=clock)
     async with provider.hold("baton", "alice", 60_000) as lease:
@@ -127,7 +133,36 @@ async def test_a_transfer_that_fails_raises_and_hands_nothing_on() -> None:
         with pytest.raises(LeaseLost):
             await lease.transfer("bob")
         assert lease.lost.is_set() and "bob" not in (lease.lost_reason or "")
+        await asyncio.sleep(0.05)  # the loss logger runs
     assert await provider.get_lease_owner("baton") is None
+    records = [r for r in caplog.records if r.name == "etcd_leases.hold"]
+    assert [r.levelno for r in records] == [logging.WARNING], [r.getMessage() for r in records]
+
+
+async def test_a_transfer_to_an_invalid_owner_is_refused_and_keeps_the_lease(live: Live) -> None:
+    async with live.provider.hold("kept", "alice", 5000) as lease:
+        with pytest.raises(LeaseValueError, match="to_owner"):
+            await lease.transfer("")
+        assert not lease.lost.is_set()
+        assert await live.provider.get_lease_owner("kept") == "alice"
+
+
+async def test_a_transfer_gives_the_new_owner_the_ttl_asked_for() -> None:
+    clock = FakeClock()
+    provider = InMemoryLeaseProvider(clock=clock)
+    async with provider.hold("baton", "alice", 60_000) as lease:
+        await lease.transfer("bob", ttl_ms=2000)
+    clock.now += 1.5
+    assert await provider.get_lease_owner("baton") == "bob"
+    clock.now += 1
+    assert await provider.get_lease_owner("baton") is None  # 2 s, not alice's 60 s
+
+
+async def test_an_adopted_tenure_is_valid_for_its_ttl_from_the_adoption(live: Live) -> None:
+    await live.provider.acquire_lease("adopted", "bob", 30_000)
+    assert await live.provider.transfer_lease("adopted", "bob", "alice", 30_000)
+    async with live.provider.adopt("adopted", "alice", 5000) as lease:
+        assert 4 < lease.remaining() <= 5.0
 
 
 async def test_transfer_and_adopt_without_a_gap(live: Live) -> None:
@@ -177,6 +212,55 @@ async def test_fenced_writes_apply_only_during_the_tenure(live: Live) -> None:
     assert await live.provider.get_value("fence/state") is None
 
 
+async def test_a_one_second_tenure_writes_and_deletes(live: Live) -> None:
+    """Less than a second of validity left is still validity: the writes go through."""
+    async with live.provider.hold("short", "alice", 1000) as lease:
+        assert 0 < lease.remaining() <= 1.0
+        assert await lease.put("short/state", "ü")
+        assert await live.provider.get_value("short/state") == "ü".encode()
+        assert await lease.delete("short/state")
+    assert await live.provider.get_value("short/state") is None
+
+
+async def test_release_with_ends_the_tenure_only_when_the_release_applied(
+    live: Live, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="etcd_leases")
+    async with live.provider.hold("inbox", "alice", 5000) as lease:
+        assert not await lease.release_with(_answer(False))
+        assert not lease.lost.is_set() and lease.remaining() > 0
+        assert await live.provider.get_lease_owner("inbox") == "alice"
+
+        async def release() -> bool:
+            await live.provider.release_lease("inbox", "alice")
+            return True
+
+        assert await lease.release_with(release)
+        assert lease.lost.is_set()
+        assert lease.remaining() == 0
+        # A taker in between is not released by the block's end.
+        assert (await live.another().acquire_lease("inbox", "bob", 5000)).acquired
+    assert await live.provider.get_lease_owner("inbox") == "bob"
+    await asyncio.sleep(0.1)  # a loss logger would have run
+    assert not [r for r in caplog.records if r.name == "etcd_leases.hold"]
+
+
+def _answer(applied: bool) -> Callable[[], Awaitable[bool]]:
+    async def release() -> bool:
+        return applied
+
+    return release
+
+
+async def test_a_held_lease_shows_its_key_owner_token_and_state(live: Live) -> None:
+    async with live.provider.hold("shown", "alice", 5000) as lease:
+        assert re.fullmatch(
+            rf"<HeldLease 'shown' by 'alice' token={lease.token} [0-9]\.[0-9]{{3}}s left>",
+            repr(lease),
+        ), repr(lease)
+    assert repr(lease) == f"<HeldLease 'shown' by 'alice' token={lease.token} lost>"
+
+
 async def test_closing_the_provider_stops_waiters_and_loses_holds(live: Live) -> None:
     other = live.another()
     await other.acquire_lease("c", "bob", 10_000)
@@ -188,6 +272,10 @@ async def test_closing_the_provider_stops_waiters_and_loses_holds(live: Live) ->
         with pytest.raises(ProviderClosed):
             await asyncio.wait_for(waiter, 2)
         await wait_for(lease.lost, 2.5)
+        # Lost: the fenced writes answer False at once, without asking the backend
+        # (a closed provider would raise).
+        assert await lease.put("d/state", b"late") is False
+        assert await lease.delete("d/state") is False
 
 
 async def test_hold_needs_a_holding_provider() -> None:
