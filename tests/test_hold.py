@@ -20,6 +20,8 @@ from etcd_leases import (
     ProviderClosed,
     hold,
 )
+from etcd_leases.contract import Keeper
+from etcd_leases.hold import _give_backs
 from tests.conftest import FakeClock, Live
 
 
@@ -243,6 +245,42 @@ async def test_release_with_ends_the_tenure_only_when_the_release_applied(
     assert await live.provider.get_lease_owner("inbox") == "bob"
     await asyncio.sleep(0.1)  # a loss logger would have run
     assert not [r for r in caplog.records if r.name == "etcd_leases.hold"]
+
+
+async def test_a_release_that_did_not_apply_leaves_later_losses_logged(
+    live: Live, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="etcd_leases")
+    async with live.provider.hold("inbox", "alice", 5000) as lease:
+        assert not await lease.release_with(_answer(False))
+        assert await live.another().transfer_lease("inbox", "alice", "bob", 5000)
+        await wait_for(lease.lost, 5)
+        await asyncio.sleep(0.05)  # the loss logger runs
+    records = [r for r in caplog.records if r.name == "etcd_leases.hold"]
+    assert [r.levelno for r in records] == [logging.WARNING], [r.getMessage() for r in records]
+
+
+class SlowToKeep(InMemoryLeaseProvider):
+    """The reference model, with keep_lease taking a while (so it can be cancelled)."""
+
+    async def keep_lease(  # type: ignore[override]
+        self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
+    ) -> Keeper:
+        await asyncio.sleep(0.3)
+        return await super().keep_lease(key, owner, token, ttl_ms, valid_until)
+
+
+async def test_an_adopt_cancelled_before_keeping_gives_the_key_back() -> None:
+    provider = SlowToKeep()
+    await provider.acquire_lease("k", "bob", 30_000)
+    assert await provider.transfer_lease("k", "bob", "alice", 30_000)
+    entering = asyncio.create_task(provider.adopt("k", "alice", 30_000).__aenter__())
+    await asyncio.sleep(0.1)  # renewed and read, not yet kept
+    entering.cancel()
+    await asyncio.gather(entering, return_exceptions=True)
+    await asyncio.sleep(0.05)  # the give-back runs in the background
+    assert await provider.get_lease_owner("k") is None
+    assert not _give_backs  # done, and forgotten
 
 
 def _answer(applied: bool) -> Callable[[], Awaitable[bool]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import pytest
@@ -68,3 +69,10 @@ async def test_a_loss_callback_that_raises_is_logged_and_stops_no_other(
     assert after == [kept]
     (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert "lease abc failed" in record.getMessage() and "fails" in record.getMessage()
+
+
+async def test_a_kept_lease_shows_its_id_ttl_and_state() -> None:
+    kept = KeptLease(0xABC, 3, time.monotonic() + 2)
+    assert re.fullmatch(r"<KeptLease abc ttl=3s [12]\.[0-9]{3} s>", repr(kept)), repr(kept)
+    kept._set_lost("gone")
+    assert repr(kept) == "<KeptLease abc ttl=3s lost: gone>"
