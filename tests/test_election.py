@@ -245,3 +245,18 @@ async def test_run_returns_once_its_callbacks_have_finished(live: Live) -> None:
     stop.set()
     await asyncio.wait_for(runner, 5)
     assert sorted(events) == ["report ended", "work ended"]
+
+
+async def test_a_term_whose_work_ends_cancelled_is_followed_by_another(live: Live) -> None:
+    """Work cancelled by something other than stop or a loss ends the term, not run:
+    the candidate campaigns again, as after a loss."""
+    terms: list[int] = []
+
+    async def lead(lease: HeldLease) -> None:
+        terms.append(lease.token)
+        if len(terms) == 1:
+            raise asyncio.CancelledError
+
+    alice = Election(live.provider, "again", "alice", 5000)
+    await asyncio.wait_for(alice.run(lead), 10)
+    assert len(terms) == 2 and terms[1] > terms[0]
