@@ -6,7 +6,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import pytest
 
@@ -20,7 +20,7 @@ from etcd_leases import (
     ProviderClosed,
     hold,
 )
-from etcd_leases.contract import Keeper
+from etcd_leases.contract import Keeper, OwnerState
 from etcd_leases.hold import _give_backs
 from tests.conftest import FakeClock, Live
 
@@ -51,9 +51,10 @@ async def test_hold_refuses_a_held_key_naming_the_holder(live: Live) -> None:
         async with live.provider.hold("busy", "alice", 5000):
             pytest.fail("must not get here")
     assert caught.value.holder == "bob"
-    with pytest.raises(LeaseHeld):
+    with pytest.raises(LeaseHeld) as caught:
         async with live.provider.hold("busy", "alice", 5000, wait=0.3):
             pytest.fail("must not get here")
+    assert (caught.value.key, caught.value.holder) == ("busy", "bob")  # after waiting too
 
 
 async def test_waiter_takes_a_released_key_at_once(live: Live) -> None:
@@ -281,6 +282,63 @@ async def test_an_adopt_cancelled_before_keeping_gives_the_key_back() -> None:
     await asyncio.sleep(0.05)  # the give-back runs in the background
     assert await provider.get_lease_owner("k") is None
     assert not _give_backs  # done, and forgotten
+
+
+async def test_check_says_who_lost_what_and_why(live: Live) -> None:
+    async with live.provider.hold("over", "alice", 5000) as lease:
+        pass
+    with pytest.raises(LeaseLost) as caught:
+        lease.check()
+    assert str(caught.value) == f"'alice' lost 'over': {lease.lost_reason}"
+    assert lease.lost_reason
+
+
+class SlowToRenew(InMemoryLeaseProvider):
+    """The reference model, with renewals answered late (etcd slow to answer)."""
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        await asyncio.sleep(2)
+        return await super().renew_lease(key, owner, ttl_ms)
+
+
+async def test_check_raises_once_the_ttl_ran_out_with_no_renewal_answered() -> None:
+    # The backend's clock stands still: for it the tenure lasts; the holder's runs out.
+    async with SlowToRenew(clock=FakeClock()).hold("slow", "alice", 300) as lease:
+        await asyncio.sleep(0.4)  # past the TTL; the renewal sent at 0.1 s is unanswered
+        assert not lease.lost.is_set()
+        with pytest.raises(LeaseLost) as caught:
+            lease.check()
+        assert str(caught.value) == (
+            "'alice' lost 'slow': its TTL ran out with no renewal answered"
+        )
+
+
+class SlowToStopWatching(InMemoryLeaseProvider):
+    """The reference model, with a watch that takes a while to close."""
+
+    async def watch_owner(self, key: str) -> AsyncGenerator[OwnerState, None]:
+        try:
+            async for state in super().watch_owner(key):
+                yield state
+        finally:
+            await asyncio.sleep(0.3)
+
+
+async def test_a_waiter_cancelled_as_it_stops_watching_gives_the_key_back() -> None:
+    """It had taken the key, and was cancelled before its hold began."""
+    provider = SlowToStopWatching()
+    await provider.acquire_lease("k", "bob", 30_000)
+    entering = asyncio.create_task(provider.hold("k", "alice", 30_000, wait=True).__aenter__())
+    await asyncio.sleep(0.1)  # alice is waiting
+    await provider.release_lease("k", "bob")
+    await asyncio.sleep(0.1)  # taken by alice, the watch closing
+    assert await provider.get_lease_owner("k") == "alice"
+    entering.cancel()
+    results = await asyncio.gather(entering, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError), results
+    await asyncio.sleep(0.05)  # the give-back runs in the background
+    assert await provider.get_lease_owner("k") is None
+    assert not _give_backs
 
 
 def _answer(applied: bool) -> Callable[[], Awaitable[bool]]:
