@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
-from etcd_leases import Election, HeldLease, LeaseHeld, LeaseLost, ProviderClosed
+from etcd_leases import (
+    BackendUnavailable,
+    Election,
+    HeldLease,
+    InMemoryLeaseProvider,
+    LeaseHeld,
+    LeaseLost,
+    ProviderClosed,
+)
+from etcd_leases.contract import AcquireResult, Keeper
 from tests.conftest import Live
 
 
@@ -240,11 +250,65 @@ async def test_run_returns_once_its_callbacks_have_finished(live: Live) -> None:
             events.append("work ended")
 
     alice = Election(live.provider, "tidy", "alice", 5000)
-    runner = asyncio.create_task(alice.run(lead, on_new_leader=new_leader, stop=stop))
+
+    async def run() -> list[str]:
+        await alice.run(lead, on_new_leader=new_leader, stop=stop)
+        return sorted(events)  # as run returns, before any other task runs
+
+    runner = asyncio.create_task(run())
     await asyncio.wait_for(asyncio.gather(leading.wait(), reported.wait()), 5)
     stop.set()
+    assert await asyncio.wait_for(runner, 5) == ["report ended", "work ended"]
+
+
+async def test_a_stop_while_campaigning_leaves_no_campaign_behind(live: Live) -> None:
+    other = live.another()
+    await other.acquire_lease("taken", "bob", 5000)
+    stop = asyncio.Event()
+
+    async def lead(lease: HeldLease) -> None:
+        pytest.fail("alice must not lead")
+
+    alice = Election(live.provider, "taken", "alice", 5000)
+    runner = asyncio.create_task(alice.run(lead, stop=stop))
+    await asyncio.sleep(0.3)  # alice waits for the seat
+    stop.set()
     await asyncio.wait_for(runner, 5)
-    assert sorted(events) == ["report ended", "work ended"]
+    await other.release_lease("taken", "bob")
+    await asyncio.sleep(0.3)  # a campaign left behind would take the seat now
+    assert await other.get_lease_owner("taken") is None
+
+
+class UnreachableAtFirst(InMemoryLeaseProvider):
+    """The reference model, failing its first acquires as an unreachable etcd does."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def acquire_kept(  # type: ignore[override]
+        self, key: str, owner: str, ttl_ms: int
+    ) -> tuple[AcquireResult, Keeper | None]:
+        if self.failures:
+            self.failures -= 1
+            raise BackendUnavailable("etcd: no answer (on purpose)")
+        return await super().acquire_kept(key, owner, ttl_ms)
+
+
+async def test_run_waits_out_an_unreachable_backend_and_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="etcd_leases")
+    provider = UnreachableAtFirst(failures=3)
+    terms: list[int] = []
+
+    async def lead(lease: HeldLease) -> None:
+        terms.append(lease.token)
+
+    await asyncio.wait_for(Election(provider, "seat", "alice", 300).run(lead), 10)
+    assert len(terms) == 1 and provider.failures == 0
+    warnings = [r.getMessage() for r in caplog.records if r.name == "etcd_leases.election"]
+    assert len(warnings) == 1 and "cannot campaign" in warnings[0], warnings
 
 
 async def test_a_term_whose_work_ends_cancelled_is_followed_by_another(live: Live) -> None:
