@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncGenerator
 
 import pytest
 
@@ -16,7 +17,7 @@ from etcd_leases import (
     LeaseLost,
     ProviderClosed,
 )
-from etcd_leases.contract import AcquireResult, Keeper
+from etcd_leases.contract import AcquireResult, Keeper, OwnerState
 from tests.conftest import Live
 
 
@@ -324,3 +325,57 @@ async def test_a_term_whose_work_ends_cancelled_is_followed_by_another(live: Liv
     alice = Election(live.provider, "again", "alice", 5000)
     await asyncio.wait_for(alice.run(lead), 10)
     assert len(terms) == 2 and terms[1] > terms[0]
+
+
+async def test_a_stop_while_waiting_out_an_unreachable_backend_ends_run() -> None:
+    provider = UnreachableAtFirst(failures=1000)
+    stop = asyncio.Event()
+
+    async def lead(lease: HeldLease) -> None:
+        pytest.fail("alice must not lead")
+
+    runner = asyncio.create_task(Election(provider, "seat", "alice", 3000).run(lead, stop=stop))
+    await asyncio.sleep(0.2)  # alice failed once and waits 1 s before trying again
+    stop.set()
+    await asyncio.wait_for(runner, 5)
+    assert provider.failures > 0
+
+
+class WatchBreaksOnce(InMemoryLeaseProvider):
+    """The reference model, whose first watch breaks after its first report."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broke = False
+
+    async def watch_owner(self, key: str) -> AsyncGenerator[OwnerState, None]:
+        async for state in super().watch_owner(key):
+            yield state
+            if not self.broke:
+                self.broke = True
+                raise BackendUnavailable("etcd: the watch broke (on purpose)")
+
+
+async def test_leaders_are_reported_once_each_across_a_broken_watch() -> None:
+    provider = WatchBreaksOnce()
+    await provider.acquire_lease("seat", "bob", 5000)
+    leaders: list[str | None] = []
+    stop = asyncio.Event()
+
+    def new_leader(leader: str | None) -> None:
+        leaders.append(leader)
+        if leader == "alice":
+            stop.set()
+
+    async def lead(lease: HeldLease) -> None:
+        await asyncio.Event().wait()
+
+    runner = asyncio.create_task(
+        Election(provider, "seat", "alice", 5000).run(lead, on_new_leader=new_leader, stop=stop)
+    )
+    await asyncio.sleep(0.5)  # bob reported, the watch broken and watched again
+    assert provider.broke
+    await provider.release_lease("seat", "bob")
+    await asyncio.wait_for(runner, 5)
+    # (then maybe None: alice's resignation, if reported before run ended)
+    assert leaders[:3] == ["bob", None, "alice"], leaders
