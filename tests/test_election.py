@@ -15,6 +15,7 @@ from etcd_leases import (
     InMemoryLeaseProvider,
     LeaseHeld,
     LeaseLost,
+    LeaseValueError,
     ProviderClosed,
 )
 from etcd_leases.contract import AcquireResult, Keeper, OwnerState
@@ -379,3 +380,11 @@ async def test_leaders_are_reported_once_each_across_a_broken_watch() -> None:
     await asyncio.wait_for(runner, 5)
     # (then maybe None: alice's resignation, if reported before run ended)
     assert leaders[:3] == ["bob", None, "alice"], leaders
+
+
+def test_an_election_refuses_an_invalid_name_or_candidate() -> None:
+    provider = InMemoryLeaseProvider()
+    with pytest.raises(LeaseValueError, match=r"\bname\b"):
+        Election(provider, "", "alice", 5000)
+    with pytest.raises(LeaseValueError, match=r"\bcandidate\b"):
+        Election(provider, "seat", "", 5000)
