@@ -34,6 +34,7 @@ async def test_remaining_is_zero_once_the_deadline_passed() -> None:
     assert kept.remaining() == 0.0 and not kept.lost.is_set()
     alive = KeptLease(2, 3, time.monotonic() + 2)
     assert 1.5 < alive.remaining() <= 2
+    assert alive.lost_reason is None  # no reason before a loss
 
 
 async def test_loss_callbacks_run_once_with_the_lease_and_can_be_taken_back() -> None:
