@@ -19,6 +19,8 @@ def test_lease_ids_are_positive_int64s_and_say_whether_they_are_a_session() -> N
     assert not any(is_session_lease(lease_id) for lease_id in tenures)
     assert all(is_session_lease(lease_id) for lease_id in sessions)
     assert len(set(tenures + sessions)) == 1000
+    # Below the mark, 45 random bits (plus one): about half the IDs have the top one.
+    assert any(lease_id & (1 << 44) for lease_id in sessions)
 
 
 def test_a_lease_id_is_positive_even_when_the_random_bits_are_all_zero(

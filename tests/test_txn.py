@@ -48,5 +48,6 @@ async def test_key_compares_hold_exactly_for_the_key_as_it_is(client: EtcdClient
 
 def test_prefix_end_covers_exactly_the_keys_of_the_prefix() -> None:
     assert prefix_end(b"a/") == b"a0"
+    assert prefix_end(b"aX") == b"aY"
     assert prefix_end(b"a\xff") == b"b"
     assert prefix_end(b"\xff\xff") == b"\0"  # every key
