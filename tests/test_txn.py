@@ -6,6 +6,9 @@ from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.txn import (
     Txn,
     create_revision_is,
+    delete,
+    first_kv,
+    get,
     mod_revision_is,
     prefix_end,
     put,
@@ -51,3 +54,24 @@ def test_prefix_end_covers_exactly_the_keys_of_the_prefix() -> None:
     assert prefix_end(b"aX") == b"aY"
     assert prefix_end(b"a\xff") == b"b"
     assert prefix_end(b"\xff\xff") == b"\0"  # every key
+
+
+async def test_delete_answers_with_the_key_as_it_was_only_when_asked(client: EtcdClient) -> None:
+    key = unique_prefix().encode() + b"k"
+    for prev_kv in (True, False):
+        await client.txn(Txn.when().then(put(key, b"v")).request)
+        answer = await client.txn(Txn.when().then(delete(key, prev_kv=prev_kv)).request)
+        deleted = answer.responses[0].response_delete_range
+        assert deleted.deleted == 1
+        assert [kv.value for kv in deleted.prev_kvs] == ([b"v"] if prev_kv else [])
+    await client.txn(Txn.when().then(put(key, b"v")).request)
+    answer = await client.txn(Txn.when().then(delete(key)).request)
+    assert not answer.responses[0].response_delete_range.prev_kvs
+
+
+async def test_first_kv_is_the_key_read_or_none(client: EtcdClient) -> None:
+    key = unique_prefix().encode() + b"k"
+    assert first_kv(await client.txn(Txn.when().then(get(key)).request)) is None
+    await client.txn(Txn.when().then(put(key, b"v")).request)
+    read = first_kv(await client.txn(Txn.when().then(put(key + b"2", b"w"), get(key)).request))
+    assert read is not None and read.value == b"v"
