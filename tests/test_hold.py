@@ -384,7 +384,34 @@ async def test_hold_block_end_marks_the_lease_lost(live: Live) -> None:
     async with live.provider.hold("over", "alice", 5000) as lease:
         pass
     assert lease.lost.is_set() and lease.remaining() == 0
+    assert lease.lost_reason == "released by its holder"
     assert not await lease.put("over/data", "late")
+
+
+class SlowToRelease(InMemoryLeaseProvider):
+    """The reference model, with releases taking a while (so they can be cancelled)."""
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        await asyncio.sleep(0.3)
+        await super().release_lease(key, owner)
+
+
+async def test_a_task_cancelled_while_its_hold_releases_ends_cancelled() -> None:
+    """The release runs to its end; the cancel is then raised, not swallowed."""
+    provider = SlowToRelease()
+    steps: list[str] = []
+
+    async def work() -> None:
+        async with provider.hold("k", "alice", 5000):
+            steps.append("held")
+        steps.append("went on after the cancel")
+
+    task = asyncio.create_task(work())
+    await asyncio.sleep(0.1)  # held, and releasing
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled() and steps == ["held"]
+    assert await provider.get_lease_owner("k") is None
 
 
 async def test_cancelling_the_holding_task_gives_the_key_back_at_once(live: Live) -> None:
