@@ -50,7 +50,7 @@ async def test_hold_refuses_a_held_key_naming_the_holder(live: Live) -> None:
     with pytest.raises(LeaseHeld) as caught:
         async with live.provider.hold("busy", "alice", 5000):
             pytest.fail("must not get here")
-    assert caught.value.holder == "bob"
+    assert (caught.value.key, caught.value.holder) == ("busy", "bob")
     with pytest.raises(LeaseHeld) as caught:
         async with live.provider.hold("busy", "alice", 5000, wait=0.3):
             pytest.fail("must not get here")
@@ -386,6 +386,28 @@ async def test_hold_block_end_marks_the_lease_lost(live: Live) -> None:
     assert lease.lost.is_set() and lease.remaining() == 0
     assert lease.lost_reason == "released by its holder"
     assert not await lease.put("over/data", "late")
+
+
+async def test_wait_is_a_bool_or_a_number_of_seconds() -> None:
+    provider = InMemoryLeaseProvider()
+    await provider.acquire_lease("busy", "bob", 5000)
+    for wait in (False, 0):  # refused at once: bob's release just after is not waited for
+        attempt = asyncio.create_task(provider.hold("busy", "alice", 5000, wait=wait).__aenter__())
+        await asyncio.sleep(0.1)
+        assert attempt.done()
+        with pytest.raises(LeaseHeld):
+            await attempt
+    for invalid in (-1, "soon"):
+        with pytest.raises(LeaseValueError, match="wait must be a bool or a number of seconds"):
+            async with provider.hold("busy", "alice", 5000, wait=invalid):  # type: ignore[arg-type]
+                pytest.fail("must not get here")
+    # One second is waited: bob's release within it lets alice in.
+    attempt = asyncio.create_task(provider.hold("busy", "alice", 5000, wait=1).__aenter__())
+    await asyncio.sleep(0.2)
+    await provider.release_lease("busy", "bob")
+    lease = await asyncio.wait_for(attempt, 5)
+    assert lease.owner == "alice"
+    await lease._finish()
 
 
 class SlowToRelease(InMemoryLeaseProvider):
