@@ -117,3 +117,24 @@ async def test_a_compare_never_shares_a_batch_with_a_write_it_compares(
     assert [r.succeeded for r in responses] == [True, True, False, True, False]
     assert await client.range(prefix + b"released") is None
     assert await client.range(prefix + b"fenced") is None
+
+
+async def test_a_range_compare_shares_a_batch_only_with_writes_outside_the_range(
+    client: EtcdClient,
+) -> None:
+    # The range [inbox/, inbox0) holds its first key and not its end: a write of the
+    # first key waits for a later batch, a write of the end may share the batch.
+    batcher = TxnBatcher(client, max_in_flight=1)
+    prefix = unique_prefix().encode()
+    inbox, end = prefix + b"inbox/", prefix + b"inbox0"
+    release = Txn.when(range_is_empty(inbox, end)).then(put(prefix + b"released", b"yes"))
+    for write, released in ((end, True), (end, True), (inbox, False)):
+        steps = [
+            Txn.when().then(put(prefix + b"first", b"occupies the one slot in flight")),
+            Txn.when().then(put(write, b"a message")),
+            release,
+        ]
+        responses = await asyncio.gather(*(batcher.txn(step.request) for step in steps))
+        assert [r.succeeded for r in responses] == [True, True, released]
+    # The first rounds' last two went as one batch each; the last round's could not.
+    assert batcher.batches_sent == 2

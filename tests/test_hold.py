@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import pytest
 
@@ -13,10 +15,13 @@ from etcd_leases import (
     LeaseHeld,
     LeaseLost,
     LeaseTypeError,
+    LeaseValueError,
     NoopLeaseProvider,
     ProviderClosed,
     hold,
 )
+from etcd_leases.contract import Keeper, OwnerState
+from etcd_leases.hold import _give_backs
 from tests.conftest import FakeClock, Live
 
 
@@ -45,10 +50,11 @@ async def test_hold_refuses_a_held_key_naming_the_holder(live: Live) -> None:
     with pytest.raises(LeaseHeld) as caught:
         async with live.provider.hold("busy", "alice", 5000):
             pytest.fail("must not get here")
-    assert caught.value.holder == "bob"
-    with pytest.raises(LeaseHeld):
+    assert (caught.value.key, caught.value.holder) == ("busy", "bob")
+    with pytest.raises(LeaseHeld) as caught:
         async with live.provider.hold("busy", "alice", 5000, wait=0.3):
             pytest.fail("must not get here")
+    assert (caught.value.key, caught.value.holder) == ("busy", "bob")  # after waiting too
 
 
 async def test_waiter_takes_a_released_key_at_once(live: Live) -> None:
@@ -115,10 +121,13 @@ async def test_a_holders_own_transfer_is_logged_as_info_not_as_a_loss(
     assert "'alice' handed 'handed0' (token" in records[0].getMessage()
 
 
-async def test_a_transfer_that_fails_raises_and_hands_nothing_on() -> None:
+async def test_a_transfer_that_fails_raises_and_hands_nothing_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The backend says the tenure is over (it expired on the backend's clock) before
-    the holder's own clock or a watch told it: the transfer raises, the lease is lost,
-    and the would-be new owner has nothing."""
+    the holder's own clock or a watch told it: the transfer raises, the lease is lost
+    (a loss, logged as one), and the would-be new owner has nothing."""
+    caplog.set_level(logging.INFO, logger="etcd_leases")
     clock = FakeClock()
     provider = InMemoryLeaseProvider(clock=clock)
     async with provider.hold("baton", "alice", 60_000) as lease:
@@ -127,7 +136,36 @@ async def test_a_transfer_that_fails_raises_and_hands_nothing_on() -> None:
         with pytest.raises(LeaseLost):
             await lease.transfer("bob")
         assert lease.lost.is_set() and "bob" not in (lease.lost_reason or "")
+        await asyncio.sleep(0.05)  # the loss logger runs
     assert await provider.get_lease_owner("baton") is None
+    records = [r for r in caplog.records if r.name == "etcd_leases.hold"]
+    assert [r.levelno for r in records] == [logging.WARNING], [r.getMessage() for r in records]
+
+
+async def test_a_transfer_to_an_invalid_owner_is_refused_and_keeps_the_lease(live: Live) -> None:
+    async with live.provider.hold("kept", "alice", 5000) as lease:
+        with pytest.raises(LeaseValueError, match=r"\bto_owner\b"):
+            await lease.transfer("")
+        assert not lease.lost.is_set()
+        assert await live.provider.get_lease_owner("kept") == "alice"
+
+
+async def test_a_transfer_gives_the_new_owner_the_ttl_asked_for() -> None:
+    clock = FakeClock()
+    provider = InMemoryLeaseProvider(clock=clock)
+    async with provider.hold("baton", "alice", 60_000) as lease:
+        await lease.transfer("bob", ttl_ms=2000)
+    clock.now += 1.5
+    assert await provider.get_lease_owner("baton") == "bob"
+    clock.now += 1
+    assert await provider.get_lease_owner("baton") is None  # 2 s, not alice's 60 s
+
+
+async def test_an_adopted_tenure_is_valid_for_its_ttl_from_the_adoption(live: Live) -> None:
+    await live.provider.acquire_lease("adopted", "bob", 30_000)
+    assert await live.provider.transfer_lease("adopted", "bob", "alice", 30_000)
+    async with live.provider.adopt("adopted", "alice", 5000) as lease:
+        assert 4 < lease.remaining() <= 5.0
 
 
 async def test_transfer_and_adopt_without_a_gap(live: Live) -> None:
@@ -177,6 +215,148 @@ async def test_fenced_writes_apply_only_during_the_tenure(live: Live) -> None:
     assert await live.provider.get_value("fence/state") is None
 
 
+async def test_a_one_second_tenure_writes_and_deletes(live: Live) -> None:
+    """Less than a second of validity left is still validity: the writes go through."""
+    async with live.provider.hold("short", "alice", 1000) as lease:
+        assert 0 < lease.remaining() <= 1.0
+        assert await lease.put("short/state", "ü")
+        assert await live.provider.get_value("short/state") == "ü".encode()
+        assert await lease.delete("short/state")
+    assert await live.provider.get_value("short/state") is None
+
+
+async def test_release_with_ends_the_tenure_only_when_the_release_applied(
+    live: Live, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="etcd_leases")
+    async with live.provider.hold("inbox", "alice", 5000) as lease:
+        assert not await lease.release_with(_answer(False))
+        assert not lease.lost.is_set() and lease.remaining() > 0
+        assert await live.provider.get_lease_owner("inbox") == "alice"
+
+        async def release() -> bool:
+            await live.provider.release_lease("inbox", "alice")
+            return True
+
+        assert await lease.release_with(release)
+        assert lease.lost.is_set()
+        assert lease.remaining() == 0
+        # A taker in between is not released by the block's end.
+        assert (await live.another().acquire_lease("inbox", "bob", 5000)).acquired
+    assert await live.provider.get_lease_owner("inbox") == "bob"
+    await asyncio.sleep(0.1)  # a loss logger would have run
+    assert not [r for r in caplog.records if r.name == "etcd_leases.hold"]
+
+
+async def test_a_release_that_did_not_apply_leaves_later_losses_logged(
+    live: Live, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="etcd_leases")
+    async with live.provider.hold("inbox", "alice", 5000) as lease:
+        assert not await lease.release_with(_answer(False))
+        assert await live.another().transfer_lease("inbox", "alice", "bob", 5000)
+        await wait_for(lease.lost, 5)
+        await asyncio.sleep(0.05)  # the loss logger runs
+    records = [r for r in caplog.records if r.name == "etcd_leases.hold"]
+    assert [r.levelno for r in records] == [logging.WARNING], [r.getMessage() for r in records]
+
+
+class SlowToKeep(InMemoryLeaseProvider):
+    """The reference model, with keep_lease taking a while (so it can be cancelled)."""
+
+    async def keep_lease(  # type: ignore[override]
+        self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
+    ) -> Keeper:
+        await asyncio.sleep(0.3)
+        return await super().keep_lease(key, owner, token, ttl_ms, valid_until)
+
+
+async def test_an_adopt_cancelled_before_keeping_gives_the_key_back() -> None:
+    provider = SlowToKeep()
+    await provider.acquire_lease("k", "bob", 30_000)
+    assert await provider.transfer_lease("k", "bob", "alice", 30_000)
+    entering = asyncio.create_task(provider.adopt("k", "alice", 30_000).__aenter__())
+    await asyncio.sleep(0.1)  # renewed and read, not yet kept
+    entering.cancel()
+    await asyncio.gather(entering, return_exceptions=True)
+    await asyncio.sleep(0.05)  # the give-back runs in the background
+    assert await provider.get_lease_owner("k") is None
+    assert not _give_backs  # done, and forgotten
+
+
+async def test_check_says_who_lost_what_and_why(live: Live) -> None:
+    async with live.provider.hold("over", "alice", 5000) as lease:
+        pass
+    with pytest.raises(LeaseLost) as caught:
+        lease.check()
+    assert str(caught.value) == f"'alice' lost 'over': {lease.lost_reason}"
+    assert lease.lost_reason
+
+
+class SlowToRenew(InMemoryLeaseProvider):
+    """The reference model, with renewals answered late (etcd slow to answer)."""
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        await asyncio.sleep(2)
+        return await super().renew_lease(key, owner, ttl_ms)
+
+
+async def test_check_raises_once_the_ttl_ran_out_with_no_renewal_answered() -> None:
+    # The backend's clock stands still: for it the tenure lasts; the holder's runs out.
+    async with SlowToRenew(clock=FakeClock()).hold("slow", "alice", 300) as lease:
+        await asyncio.sleep(0.4)  # past the TTL; the renewal sent at 0.1 s is unanswered
+        assert not lease.lost.is_set()
+        with pytest.raises(LeaseLost) as caught:
+            lease.check()
+        assert str(caught.value) == (
+            "'alice' lost 'slow': its TTL ran out with no renewal answered"
+        )
+
+
+class SlowToStopWatching(InMemoryLeaseProvider):
+    """The reference model, with a watch that takes a while to close."""
+
+    async def watch_owner(self, key: str) -> AsyncGenerator[OwnerState, None]:
+        try:
+            async for state in super().watch_owner(key):
+                yield state
+        finally:
+            await asyncio.sleep(0.3)
+
+
+async def test_a_waiter_cancelled_as_it_stops_watching_gives_the_key_back() -> None:
+    """It had taken the key, and was cancelled before its hold began."""
+    provider = SlowToStopWatching()
+    await provider.acquire_lease("k", "bob", 30_000)
+    entering = asyncio.create_task(provider.hold("k", "alice", 30_000, wait=True).__aenter__())
+    await asyncio.sleep(0.1)  # alice is waiting
+    await provider.release_lease("k", "bob")
+    await asyncio.sleep(0.1)  # taken by alice, the watch closing
+    assert await provider.get_lease_owner("k") == "alice"
+    entering.cancel()
+    results = await asyncio.gather(entering, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError), results
+    await asyncio.sleep(0.05)  # the give-back runs in the background
+    assert await provider.get_lease_owner("k") is None
+    assert not _give_backs
+
+
+def _answer(applied: bool) -> Callable[[], Awaitable[bool]]:
+    async def release() -> bool:
+        return applied
+
+    return release
+
+
+async def test_a_held_lease_shows_its_key_owner_token_and_state(live: Live) -> None:
+    async with live.provider.hold("shown", "alice", 5000) as lease:
+        assert re.fullmatch(
+            rf"<HeldLease 'shown' by 'alice' token={lease.token} [0-9]\.[0-9]{{3}}s left>",
+            repr(lease),
+        ), repr(lease)
+    assert repr(lease) == f"<HeldLease 'shown' by 'alice' token={lease.token} lost>"
+
+
 async def test_closing_the_provider_stops_waiters_and_loses_holds(live: Live) -> None:
     other = live.another()
     await other.acquire_lease("c", "bob", 10_000)
@@ -188,19 +368,76 @@ async def test_closing_the_provider_stops_waiters_and_loses_holds(live: Live) ->
         with pytest.raises(ProviderClosed):
             await asyncio.wait_for(waiter, 2)
         await wait_for(lease.lost, 2.5)
+        # Lost: the fenced writes answer False at once, without asking the backend
+        # (a closed provider would raise).
+        assert await lease.put("d/state", b"late") is False
+        assert await lease.delete("d/state") is False
 
 
 async def test_hold_needs_a_holding_provider() -> None:
-    with pytest.raises(LeaseTypeError, match="watch_owner"):
+    with pytest.raises(LeaseTypeError) as caught:
         async with hold(NoopLeaseProvider(), "k", "a", 1000):
             pass
+    assert str(caught.value) == (
+        "NoopLeaseProvider cannot hold leases: it needs watch_owner, keep_lease, "
+        "put_fenced, delete_fenced and get_value (see HoldingProvider)"
+    )
 
 
 async def test_hold_block_end_marks_the_lease_lost(live: Live) -> None:
     async with live.provider.hold("over", "alice", 5000) as lease:
         pass
     assert lease.lost.is_set() and lease.remaining() == 0
+    assert lease.lost_reason == "released by its holder"
     assert not await lease.put("over/data", "late")
+
+
+async def test_wait_is_a_bool_or_a_number_of_seconds() -> None:
+    provider = InMemoryLeaseProvider()
+    await provider.acquire_lease("busy", "bob", 5000)
+    for wait in (False, 0):  # refused at once: bob's release just after is not waited for
+        attempt = asyncio.create_task(provider.hold("busy", "alice", 5000, wait=wait).__aenter__())
+        await asyncio.sleep(0.1)
+        assert attempt.done()
+        with pytest.raises(LeaseHeld):
+            await attempt
+    for invalid in (-1, "soon"):
+        with pytest.raises(LeaseValueError, match="wait must be a bool or a number of seconds"):
+            async with provider.hold("busy", "alice", 5000, wait=invalid):  # type: ignore[arg-type]
+                pytest.fail("must not get here")
+    # One second is waited: bob's release within it lets alice in.
+    attempt = asyncio.create_task(provider.hold("busy", "alice", 5000, wait=1).__aenter__())
+    await asyncio.sleep(0.2)
+    await provider.release_lease("busy", "bob")
+    lease = await asyncio.wait_for(attempt, 5)
+    assert lease.owner == "alice"
+    await lease._finish()
+
+
+class SlowToRelease(InMemoryLeaseProvider):
+    """The reference model, with releases taking a while (so they can be cancelled)."""
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        await asyncio.sleep(0.3)
+        await super().release_lease(key, owner)
+
+
+async def test_a_task_cancelled_while_its_hold_releases_ends_cancelled() -> None:
+    """The release runs to its end; the cancel is then raised, not swallowed."""
+    provider = SlowToRelease()
+    steps: list[str] = []
+
+    async def work() -> None:
+        async with provider.hold("k", "alice", 5000):
+            steps.append("held")
+        steps.append("went on after the cancel")
+
+    task = asyncio.create_task(work())
+    await asyncio.sleep(0.1)  # held, and releasing
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled() and steps == ["held"]
+    assert await provider.get_lease_owner("k") is None
 
 
 async def test_cancelling_the_holding_task_gives_the_key_back_at_once(live: Live) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import pytest
@@ -18,6 +19,8 @@ def test_lease_ids_are_positive_int64s_and_say_whether_they_are_a_session() -> N
     assert not any(is_session_lease(lease_id) for lease_id in tenures)
     assert all(is_session_lease(lease_id) for lease_id in sessions)
     assert len(set(tenures + sessions)) == 1000
+    # Below the mark, 45 random bits (plus one): about half the IDs have the top one.
+    assert any(lease_id & (1 << 44) for lease_id in sessions)
 
 
 def test_a_lease_id_is_positive_even_when_the_random_bits_are_all_zero(
@@ -33,6 +36,7 @@ async def test_remaining_is_zero_once_the_deadline_passed() -> None:
     assert kept.remaining() == 0.0 and not kept.lost.is_set()
     alive = KeptLease(2, 3, time.monotonic() + 2)
     assert 1.5 < alive.remaining() <= 2
+    assert alive.lost_reason is None  # no reason before a loss
 
 
 async def test_loss_callbacks_run_once_with_the_lease_and_can_be_taken_back() -> None:
@@ -68,3 +72,10 @@ async def test_a_loss_callback_that_raises_is_logged_and_stops_no_other(
     assert after == [kept]
     (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert "lease abc failed" in record.getMessage() and "fails" in record.getMessage()
+
+
+async def test_a_kept_lease_shows_its_id_ttl_and_state() -> None:
+    kept = KeptLease(0xABC, 3, time.monotonic() + 2)
+    assert re.fullmatch(r"<KeptLease abc ttl=3s [12]\.[0-9]{3} s>", repr(kept)), repr(kept)
+    kept._set_lost("gone")
+    assert repr(kept) == "<KeptLease abc ttl=3s lost: gone>"
