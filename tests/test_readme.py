@@ -215,9 +215,12 @@ async def test_leader_election(
     script = ELECTION_PRELUDE + block(ELECTION) + "\nasyncio.run(main())\n"
     process = start_script(script, tmp_path, readme_etcd)
     try:
-        lines = await asyncio.wait_for(
-            asyncio.to_thread(read_until, process, "working with token"), 30
-        )
+        # Both lines, in either order: the leader report runs beside the lead.
+        lines = await asyncio.wait_for(asyncio.to_thread(read_until, process, "leader: pod-a"), 30)
+        if not any("working with token" in line for line in lines):
+            lines += await asyncio.wait_for(
+                asyncio.to_thread(read_until, process, "working with token"), 30
+            )
         assert "leader: pod-a\n" in lines
         assert await provider.get_lease_owner("reports") == "pod-a"
     finally:
