@@ -103,26 +103,36 @@ async def test_a_change_whose_history_was_compacted_under_the_watch_is_seen(
 ) -> None:
     # Only the member's death may break the holder's watch stream, not its silence.
     monkeypatch.setattr(watch_stream, "_PROBE_AFTER_S", 120.0)
-    async with holding_on_first_member(etcd_cluster, 500) as (held, anyone):
-        changed = held[7]
-        # The holder's streams are on members[0]: frozen, it delivers nothing.
-        etcd_cluster.members[0].pause()
-        await asyncio.to_thread(etcd_cluster.leader)
-        assert await anyone.transfer_lease(changed.key, changed.owner, "you", TTL_MS)
-        assert (await anyone.acquire_lease("unrelated", "them", TTL_MS)).acquired
-        # The transfer's event is gone from etcd's history...
-        await asyncio.to_thread(etcd_cluster.compact)
-        assert not changed.lost.is_set()
-        # ...when the watch resumes on another member, from before the compaction.
-        etcd_cluster.members[0].kill()
-        await seen_lost([changed], within=20)
-        assert "compacted" in (changed.lost_reason or "")
-        # The re-read ended that tenure alone, and the watch goes on from there.
-        assert lost(held) == [changed.key]
-        await anyone.release_lease(held[9].key, held[9].owner)
-        await seen_lost([held[9]])
-        assert "released" in (held[9].lost_reason or "")
-        assert sorted(lost(held)) == sorted([changed.key, held[9].key])
+    prefix = unique_prefix()
+    async with (
+        EtcdLeaseProvider(etcd_cluster.endpoints, prefix=prefix, timeout=5) as provider,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        held = await hold_many(provider, stack, 500)
+        # The member the holder's watch is on (the first to answer it, not always the
+        # first listed); the other client knows only the others.
+        watched = provider.client.endpoints[provider._watches._endpoint]
+        (member,) = [m for m in etcd_cluster.members if m.endpoint in watched]
+        others = [m.endpoint for m in etcd_cluster.members if m is not member]
+        async with EtcdLeaseProvider(others, prefix=prefix, timeout=5) as anyone:
+            changed = held[7]
+            member.pause()  # frozen, it delivers nothing
+            await asyncio.to_thread(etcd_cluster.leader)
+            assert await anyone.transfer_lease(changed.key, changed.owner, "you", TTL_MS)
+            assert (await anyone.acquire_lease("unrelated", "them", TTL_MS)).acquired
+            # The transfer's event is gone from etcd's history...
+            await asyncio.to_thread(etcd_cluster.compact)
+            assert not changed.lost.is_set()
+            # ...when the watch resumes on another member, from before the compaction.
+            member.kill()
+            await seen_lost([changed], within=20)
+            assert "compacted" in (changed.lost_reason or "")
+            # The re-read ended that tenure alone, and the watch goes on from there.
+            assert lost(held) == [changed.key]
+            await anyone.release_lease(held[9].key, held[9].owner)
+            await seen_lost([held[9]])
+            assert "released" in (held[9].lost_reason or "")
+            assert sorted(lost(held)) == sorted([changed.key, held[9].key])
 
 
 async def test_changes_made_while_the_watch_moves_off_a_killed_member_are_seen(
