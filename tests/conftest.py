@@ -10,6 +10,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
+import grpc
+import grpc.aio
 import pytest
 
 from etcd_leases import EtcdLeaseProvider, InMemoryLeaseProvider, LeaseProvider
@@ -260,3 +262,11 @@ async def live(request: pytest.FixtureRequest, etcd_members: EtcdMembers) -> Asy
         for other in live.others:
             await other.close()
         await live.provider.close()
+
+
+def etcd_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """The error gRPC raises for an answer of ``code`` (or none: DEADLINE_EXCEEDED,
+    UNAVAILABLE), as the client sees it."""
+    return grpc.aio.AioRpcError(
+        code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details, debug_error_string=""
+    )

@@ -22,7 +22,7 @@ from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.txn import delete, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.send_ids import SendId
-from tests.conftest import assert_freed, assert_no_lease_leaked, past_one_shot
+from tests.conftest import assert_freed, assert_no_lease_leaked, etcd_error, past_one_shot
 
 
 class LoseAnswers:
@@ -46,13 +46,7 @@ class LoseAnswers:
 
 def lost_answer() -> grpc.aio.AioRpcError:
     """What gRPC raises when a call's deadline passes before etcd's answer came."""
-    return grpc.aio.AioRpcError(
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.aio.Metadata(),
-        grpc.aio.Metadata(),
-        details="the answer was lost (test)",
-        debug_error_string="",
-    )
+    return etcd_error(grpc.StatusCode.DEADLINE_EXCEEDED, "the answer was lost (test)")
 
 
 @pytest.fixture
@@ -229,12 +223,8 @@ async def test_a_copy_refused_after_a_lost_answer_leaves_the_outcome_unknown(
                 await original(index, path, request, response_type, deadline_s)
                 raise lost_answer()
             if txns[0] == 2:
-                raise grpc.aio.AioRpcError(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    grpc.aio.Metadata(),
-                    grpc.aio.Metadata(),
-                    details="etcdserver: too many requests (test)",
-                    debug_error_string="",
+                raise etcd_error(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: too many requests (test)"
                 )
         return await original(index, path, request, response_type, deadline_s)
 

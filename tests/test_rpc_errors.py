@@ -7,13 +7,7 @@ import grpc.aio
 
 from etcd_leases import BackendFull, BackendUnavailable
 from etcd_leases.etcd.rpc_errors import is_member_failure, to_lease_error
-
-
-def etcd_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    """The error gRPC raises for etcd's answer (etcd's strings, as both versions send them)."""
-    return grpc.aio.AioRpcError(
-        code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details, debug_error_string=""
-    )
+from tests.conftest import etcd_error
 
 
 def test_a_full_database_says_so_and_what_to_do() -> None:

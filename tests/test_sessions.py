@@ -14,7 +14,7 @@ from etcd_leases import BackendUnavailable, EtcdLeaseProvider, HeldLease, LeaseH
 from etcd_leases.etcd.lease_ids import is_session_lease
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import settled, unique_prefix
+from tests.conftest import etcd_error, settled, unique_prefix
 
 
 async def leases_of(provider: EtcdLeaseProvider, prefix: str) -> set[int]:
@@ -201,13 +201,7 @@ async def test_a_hold_that_failed_never_puts_its_key_later(
             index: int, path: str, request: Message, response_type: type[Message], deadline: float
         ) -> Message:
             if refusing and path.endswith("/Txn"):  # never sent: etcd unreachable
-                raise grpc.aio.AioRpcError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    grpc.aio.Metadata(),
-                    grpc.aio.Metadata(),
-                    details="unreachable (test)",
-                    debug_error_string="",
-                )
+                raise etcd_error(grpc.StatusCode.UNAVAILABLE, "unreachable (test)")
             return await original(index, path, request, response_type, deadline)
 
         monkeypatch.setattr(client, "_attempt", attempt)

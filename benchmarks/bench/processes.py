@@ -24,8 +24,8 @@ from .peers.ours import OurProvider
 from .stats import CpuMeter, cpu_seconds_self
 
 KINDS: dict[str, PeerFactory] = {OURS: OurProvider, BARE: BareLoop}
-# A child that has not connected in this long failed to start.
-READY_TIMEOUT_S = 60.0
+# Past its level's length, how long a child may take before it counts as hung.
+HANG_S = 60.0
 
 
 async def measure_processes(
@@ -44,7 +44,7 @@ async def measure_processes(
             etcd_cpu = figures["etcd_cpu"]
             print(
                 f"  {kind:<28} {processes} processes x {cfg.process_tasks} tasks: "
-                f"{figures['cycles_per_s'] or 0:8,.0f} cycles/s, etcd CPU "
+                f"{figures['cycles_per_s']:8,.0f} cycles/s, etcd CPU "
                 + ("-" if etcd_cpu is None else f"{etcd_cpu:.2f}")
             )
     return results
@@ -74,7 +74,10 @@ def _run_level(
             assert child.stdin is not None
             child.stdin.write("go\n")
             child.stdin.flush()
-        reports = [json.loads(child.communicate(timeout=READY_TIMEOUT_S)[0]) for child in children]
+        reports = [
+            json.loads(child.communicate(timeout=HANG_S + cfg.seconds_per_level)[0])
+            for child in children
+        ]
         elapsed = time.perf_counter() - started
     finally:
         for child in children:

@@ -120,22 +120,22 @@ class KeptTenures(PooledTenures):
         now (after its owner's next release, say), a tenure nobody asked for. Read
         again a moment later: a cancelled copy may still be on its way to etcd.
         """
-        for delay in _SETTLE_READS_S:
-            await asyncio.sleep(delay)
-            while not session.kept.lost.is_set():
-                try:
-                    kv = await self._client.range(etcd_key)
-                except BackendUnavailable:
-                    await asyncio.sleep(1.0)  # the session lives on: so would the key
-                    continue
-                except LeaseError:
-                    return
-                if kv is not None and kv.lease == session.lease_id and kv.value == value:
-                    keeper = self._session_keepers.get((etcd_key, kv.mod_revision))
-                    if keeper is None or keeper.lost.is_set():
-                        await self._delete_tenure(etcd_key, kv.mod_revision)
-                    return
-                break
+        delays = list(_SETTLE_READS_S)
+        while delays and not session.kept.lost.is_set():  # a lost session took the key
+            await asyncio.sleep(delays[0])
+            try:
+                kv = await self._client.range(etcd_key)
+            except BackendUnavailable:
+                delays[0] = 1.0  # the session lives on, so would the key: read again
+                continue
+            except LeaseError:
+                return
+            delays.pop(0)
+            if kv is not None and kv.lease == session.lease_id and kv.value == value:
+                keeper = self._session_keepers.get((etcd_key, kv.mod_revision))
+                if keeper is None or keeper.lost.is_set():
+                    await self._delete_tenure(etcd_key, kv.mod_revision)
+                return
 
     async def keep_lease(
         self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
