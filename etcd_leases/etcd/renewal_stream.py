@@ -1,4 +1,4 @@
-"""One ``LeaseKeepAlive`` stream to one etcd member, and what it has not answered.
+"""``LeaseKeepAlive`` streams to one etcd member, and what they have not answered.
 
 A member answers a stream's requests in order, one at a time: a follower forwards
 each renewal to the leader and waits for it, so a follower whose leader froze holds
@@ -7,6 +7,12 @@ therefore never blocks its sender: requests go into a queue that a writer task o
 its own drains, writing as fast as gRPC takes them. The time each request is written
 (etcd cannot renew before it) is remembered until its answer. A lease whose renewal
 is still queued is not queued twice, so a slow writer never falls further behind.
+
+gRPC takes one message at a time per call, each a round trip through its polling
+thread, so one call writes at most ~4,000 keep-alives/s on a loaded 2-core host (~11,000
+idle), below what 5,000 leases of 3 s need. A stream therefore spreads its leases over
+up to :data:`LANES` calls (*lanes*) to the same member, opened as leases come to use
+them; a lease always goes on the same lane, which keeps its answers in order.
 """
 
 from __future__ import annotations
@@ -15,12 +21,13 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import grpc
 import grpc.aio
 
 from etcd_leases.errors import LeaseError, ProviderClosed
+from etcd_leases.etcd.auth import Metadata
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.rpc_errors import is_invalid_token, to_lease_error
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
@@ -40,6 +47,8 @@ _log = logging.getLogger("etcd_leases.etcd.keepalive")
 
 # Hand the event loop back every so many writes of a burst.
 _YIELD_EVERY = 256
+# The most gRPC calls a stream spreads its leases over.
+LANES = 4
 
 
 def cancelling() -> bool:
@@ -53,51 +62,53 @@ def cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+class _Lane:
+    """One gRPC call of a stream: its queue, and its requests not answered yet."""
+
+    def __init__(self, call: _Call) -> None:
+        self.call = call
+        self.queue: deque[_Queued] = deque()
+        self.queued_renewals: set[int] = set()  # leases with a renewal in the queue
+        self.queued = asyncio.Event()
+        # Per lease ID, oldest first: etcd answers a call's requests in order.
+        self.inflight: dict[int, deque[Inflight]] = {}
+        self.outstanding = 0
+        self.progress_at = 0.0  # the last answer, or the first request after a quiet spell
+        self.tasks: tuple[asyncio.Task[None], ...] = ()
+
+
 class RenewalStream:
-    """A ``LeaseKeepAlive`` stream on endpoint ``endpoint`` of a client.
+    """``LeaseKeepAlive`` calls (lanes) on endpoint ``endpoint`` of a client.
 
     ``on_answer(stream, response, inflight)`` runs for every answer, with the request
     it answers (``None`` if unknown); ``on_waiting(stream)`` when a request is written
-    with none outstanding (a stall may start); ``on_end(stream)`` once when the stream
-    ends, for whatever reason (``failure`` then says why, ``failed`` whether the
-    member is to blame).
+    with none outstanding on its lane (a stall may start); ``on_end(stream)`` once when
+    the stream ends, for whatever reason (``failure`` then says why, ``failed`` whether
+    the member is to blame). A lane that fails ends the whole stream.
     """
 
     def __init__(
         self,
         client: EtcdClient,
         endpoint: int,
-        call: _Call,
+        metadata: Metadata,
         on_answer: AnswerHandler,
         on_waiting: StreamHandler,
         on_end: StreamHandler,
     ) -> None:
         self.endpoint = endpoint
         self._client = client
-        self._call = call
+        self._metadata = metadata
         self._on_answer = on_answer
         self._on_waiting = on_waiting
         self._on_end = on_end
-        # Per lease ID, oldest first: etcd answers a stream's requests in order.
-        self._inflight: dict[int, deque[Inflight]] = {}
-        self._queue: deque[_Queued] = deque()
-        self._queued_renewals: set[int] = set()  # leases with a renewal in the queue
-        self._queued = asyncio.Event()
-        #: Requests sent and not answered.
-        self.outstanding = 0
-        #: The last answer, or the first request after a quiet spell.
-        self.progress_at = 0.0
+        self._lanes: list[_Lane | None] = [None] * LANES
         #: Whether the stream answered at least once.
         self.answered = False
         #: Why the stream ended, once it has.
         self.failure: str | None = None
         #: Whether the member is to blame for the end.
         self.failed = False
-        loop = asyncio.get_running_loop()
-        self._tasks = (
-            loop.create_task(self._write_all(), name="etcd-leases keep-alive writer"),
-            loop.create_task(self._read_all(), name="etcd-leases keep-alive reader"),
-        )
 
     @classmethod
     async def open(
@@ -109,12 +120,13 @@ class RenewalStream:
         on_end: StreamHandler,
         login_timeout: float,
     ) -> RenewalStream | str:
-        """A stream on ``endpoint``, or why it could not be opened."""
+        """A stream on ``endpoint`` with its first lane open, or why it could not be opened."""
         try:
             # A frozen member never answers a login: give up on it for this round.
             async with asyncio.timeout(login_timeout):
                 metadata = await client.auth.metadata(endpoint)
-            call = client.keep_alive_stream(metadata, endpoint)
+            stream = cls(client, endpoint, metadata, on_answer, on_waiting, on_end)
+            stream._lane(0)
         except TimeoutError:
             return f"no login answer in {login_timeout:.2f} s"
         except grpc.aio.AioRpcError as exc:
@@ -128,11 +140,26 @@ class RenewalStream:
             if cancelling():
                 raise
             return "the login call was cancelled"
-        return cls(client, endpoint, call, on_answer, on_waiting, on_end)
+        return stream
 
     @property
     def ended(self) -> bool:
         return self.failure is not None
+
+    @property
+    def outstanding(self) -> int:
+        """Requests written and not answered."""
+        return sum(lane.outstanding for lane in self._open_lanes())
+
+    @property
+    def progress_at(self) -> float:
+        """Since when the stream has been waiting: the oldest progress of a lane with
+        requests outstanding (the last answer of any lane when none is)."""
+        lanes = list(self._open_lanes())
+        waiting = [lane.progress_at for lane in lanes if lane.outstanding]
+        if waiting:
+            return min(waiting)
+        return max((lane.progress_at for lane in lanes), default=0.0)
 
     def send(
         self,
@@ -145,26 +172,29 @@ class RenewalStream:
         waits in the queue)."""
         if self.ended:
             return False
+        lane = self._lane(lease_id % LANES)
         if answer is None:
-            if lease_id in self._queued_renewals:
+            if lease_id in lane.queued_renewals:
                 return False
-            self._queued_renewals.add(lease_id)
-        self._queue.append((lease_id, request, answer))
-        self._queued.set()
+            lane.queued_renewals.add(lease_id)
+        lane.queue.append((lease_id, request, answer))
+        lane.queued.set()
         return True
 
     def unanswered(self) -> list[tuple[int, asyncio.Future[Renewal]]]:
         """The one-shot renewals given to this stream and not answered, whose callers
         still wait."""
-        written = [
-            (lease_id, answer)
-            for lease_id, requests in self._inflight.items()
-            for _, answer in requests
-        ]
-        queued = [(lease_id, answer) for lease_id, _, answer in self._queue]
+        waiting: list[tuple[int, asyncio.Future[Renewal] | None]] = []
+        for lane in self._open_lanes():
+            waiting += [(lease_id, answer) for lease_id, _, answer in lane.queue]
+            waiting += [
+                (lease_id, answer)
+                for lease_id, requests in lane.inflight.items()
+                for _, answer in requests
+            ]
         return [
             (lease_id, answer)
-            for lease_id, answer in written + queued
+            for lease_id, answer in waiting
             if answer is not None and not answer.done()
         ]
 
@@ -174,31 +204,50 @@ class RenewalStream:
             return
         self.failure = reason
         self.failed = failed
-        self._call.cancel()
         current = asyncio.current_task()
-        for task in self._tasks:
-            if task is not current:
-                task.cancel()
+        for lane in self._open_lanes():
+            lane.call.cancel()
+            for task in lane.tasks:
+                if task is not current:
+                    task.cancel()
         self._on_end(self)
 
     async def wait_ended(self) -> None:
-        """Return once both tasks of the stream are over."""
-        await asyncio.wait(self._tasks)
+        """Return once the tasks of every lane are over."""
+        tasks = [task for lane in self._open_lanes() for task in lane.tasks]
+        if tasks:
+            await asyncio.wait(tasks)
 
-    async def _write_all(self) -> None:
+    def _open_lanes(self) -> Iterator[_Lane]:
+        return (lane for lane in self._lanes if lane is not None)
+
+    def _lane(self, index: int) -> _Lane:
+        lane = self._lanes[index]
+        if lane is None:
+            lane = self._lanes[index] = _Lane(
+                self._client.keep_alive_stream(self._metadata, self.endpoint)
+            )
+            loop = asyncio.get_running_loop()
+            lane.tasks = (
+                loop.create_task(self._write_all(lane), name="etcd-leases keep-alive writer"),
+                loop.create_task(self._read_all(lane), name="etcd-leases keep-alive reader"),
+            )
+        return lane
+
+    async def _write_all(self, lane: _Lane) -> None:
         written = 0
         try:
             while True:
-                while not self._queue:
-                    self._queued.clear()
-                    await self._queued.wait()
-                lease_id, request, answer = self._queue.popleft()
+                while not lane.queue:
+                    lane.queued.clear()
+                    await lane.queued.wait()
+                lease_id, request, answer = lane.queue.popleft()
                 if answer is None:
-                    self._queued_renewals.discard(lease_id)
+                    lane.queued_renewals.discard(lease_id)
                 elif answer.done():
                     continue  # its caller gave up
-                self._sent(lease_id, answer)
-                await self._call.write(request)
+                self._sent(lane, lease_id, answer)
+                await lane.call.write(request)
                 written += 1
                 if written % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
@@ -211,14 +260,14 @@ class RenewalStream:
                 raise
             self.end("the keep-alive stream was cancelled", failed=True)
 
-    async def _read_all(self) -> None:
+    async def _read_all(self, lane: _Lane) -> None:
         try:
             while True:
-                response = await self._call.read()
+                response = await lane.call.read()
                 if not isinstance(response, pb.LeaseKeepAliveResponse):
                     self.end("etcd closed the keep-alive stream", failed=True)
                     return
-                self._answer(response)
+                self._answer(lane, response)
         except grpc.aio.AioRpcError as exc:
             self.end(self._describe(exc), failed=True)
         except asyncio.CancelledError:
@@ -230,29 +279,29 @@ class RenewalStream:
             _log.exception("the keep-alive reader failed")
             self.end("unexpected error in the keep-alive reader", failed=True)
 
-    def _sent(self, lease_id: int, answer: asyncio.Future[Renewal] | None) -> None:
+    def _sent(self, lane: _Lane, lease_id: int, answer: asyncio.Future[Renewal] | None) -> None:
         # Recorded before the write: etcd cannot renew before we send.
         sent_at = time.monotonic()
-        requests = self._inflight.get(lease_id)
+        requests = lane.inflight.get(lease_id)
         if requests is None:
-            requests = self._inflight[lease_id] = deque()
+            requests = lane.inflight[lease_id] = deque()
         requests.append((sent_at, answer))
-        self.outstanding += 1
-        if self.outstanding == 1:
-            self.progress_at = sent_at
+        lane.outstanding += 1
+        if lane.outstanding == 1:
+            lane.progress_at = sent_at
             self._on_waiting(self)
 
-    def _answer(self, response: pb.LeaseKeepAliveResponse) -> None:
+    def _answer(self, lane: _Lane, response: pb.LeaseKeepAliveResponse) -> None:
         self.answered = True
-        self.progress_at = time.monotonic()
-        if self.outstanding > 0:
-            self.outstanding -= 1
+        lane.progress_at = time.monotonic()
+        if lane.outstanding > 0:
+            lane.outstanding -= 1
         inflight: Inflight | None = None
-        requests = self._inflight.get(response.ID)
+        requests = lane.inflight.get(response.ID)
         if requests:
             inflight = requests.popleft()
             if not requests:
-                del self._inflight[response.ID]
+                del lane.inflight[response.ID]
         self._on_answer(self, response, inflight)
 
     def _describe(self, exc: grpc.aio.AioRpcError) -> str:

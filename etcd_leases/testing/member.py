@@ -256,7 +256,8 @@ class EtcdMember:
         return answer if isinstance(answer, dict) else None
 
     def metric(self, name: str, timeout: float = 2.0) -> float:
-        """The value of the unlabelled metric ``name`` in this member's ``/metrics``."""
+        """The value of metric ``name`` in this member's ``/metrics``: a name without
+        labels, or one series with its labels as etcd writes them (``name{a="b",...}``)."""
         # Not through _http: etcd's /health is itself a raft write (a quorum read).
         with self._http_opener().open(f"{self.client_url}/metrics", timeout=timeout) as response:
             text = response.read().decode()
