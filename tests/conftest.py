@@ -27,6 +27,16 @@ def pytest_configure(config: pytest.Config) -> None:
     for version in os.environ.get("ETCD_LEASES_REQUIRE_ETCD", "").split():
         if not any(name.startswith(f"etcd{version}") for name in ETCD_BINARIES):
             raise pytest.UsageError(f"etcd {version} is required but not found (found: {found})")
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (as CI stops a run) as Ctrl-C: the running test's ``finally`` blocks and
+    the fixtures' teardowns still run, so worker processes, frozen ones too, network
+    namespaces and etcd members go with the run. A second SIGTERM kills at once."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 class EtcdMembers:
