@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from etcd_leases import BackendError, PermissionDenied, ProviderClosed
+from etcd_leases.etcd.auth import Metadata
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.txn import Txn, delete, put
 from etcd_leases.etcd.watch import Watcher, WatchStream
@@ -138,7 +139,7 @@ async def test_a_thousand_watchers_share_one_stream(
     opened: list[object] = []
     open_stream = client.watch_stream
 
-    def counting(metadata: tuple[tuple[str, str], ...], index: int | None = None) -> object:
+    def counting(metadata: Metadata, index: int | None = None) -> object:
         opened.append(metadata)
         return open_stream(metadata, index)
 

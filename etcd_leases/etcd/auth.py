@@ -7,12 +7,17 @@ next :meth:`Auth.metadata` logs in again.
 
 from __future__ import annotations
 
+import grpc.aio
+
 from etcd_leases.etcd.members import Members
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 __all__ = ["Auth", "Metadata"]
 
-Metadata = tuple[tuple[str, str], ...]
+# gRPC's own type, built once per token: it takes a tuple too, but checks and copies
+# it on every call.
+Metadata = grpc.aio.Metadata
+_NO_TOKEN = Metadata(("hasleader", "true"))
 
 
 class Auth:
@@ -26,6 +31,7 @@ class Auth:
         self._password = password
         self._timeout = timeout
         self._tokens: dict[int, str] = {}
+        self._with_token: dict[int, Metadata] = {}
 
     @property
     def enabled(self) -> bool:
@@ -33,17 +39,23 @@ class Auth:
 
     async def metadata(self, index: int | None = None) -> Metadata:
         """Request metadata for endpoint ``index``: fail fast without a leader; the token."""
+        if self._username is None:
+            return _NO_TOKEN
         index = self._members.preferred() if index is None else index
-        if self._username is not None and index not in self._tokens:
+        if index not in self._tokens:
             await self._authenticate(index)
-        pairs = [("hasleader", "true")]
-        if index in self._tokens:
-            pairs.append(("token", self._tokens[index]))
-        return tuple(pairs)
+        metadata = self._with_token.get(index)
+        if metadata is None:
+            metadata = self._with_token[index] = Metadata(
+                ("hasleader", "true"), ("token", self._tokens[index])
+            )
+        return metadata
 
     def invalidate(self, index: int | None = None) -> None:
         """Forget the token endpoint ``index`` refused; :meth:`metadata` logs in again."""
-        self._tokens.pop(self._members.preferred() if index is None else index, None)
+        index = self._members.preferred() if index is None else index
+        self._tokens.pop(index, None)
+        self._with_token.pop(index, None)
 
     async def _authenticate(self, index: int) -> None:
         assert self._username is not None and self._password is not None
@@ -55,3 +67,4 @@ class Auth:
         )
         response: pb.AuthenticateResponse = await call(request, timeout=self._timeout)
         self._tokens[index] = response.token
+        self._with_token.pop(index, None)

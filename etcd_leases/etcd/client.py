@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -111,6 +111,7 @@ class EtcdClient:
         self._periodic_sync: asyncio.Task[None] | None = None
         #: The auth tokens, per member.
         self.auth = Auth(self.members, username, password, timeout)
+        self._callables: dict[tuple[int, str], grpc.aio.UnaryUnaryMultiCallable[Any, Any]] = {}
         #: The version of the first member that told us, once one has.
         self.server_version: str | None = None
         #: Called with each keep-alive's round trip in seconds, from request sent to
@@ -167,11 +168,14 @@ class EtcdClient:
         deadline_s: float,
     ) -> ResponseT:
         """One attempt on endpoint ``index``; it becomes the preferred one if it answers."""
-        call = self.members.channel(index).unary_unary(
-            path,
-            request_serializer=type(request).SerializeToString,
-            response_deserializer=response_type.FromString,
-        )
+        self.check_open()  # a retry may come after the close
+        call = self._callables.get((index, path))
+        if call is None:  # made once per member and method: making one costs each call
+            call = self._callables[(index, path)] = self.members.channel(index).unary_unary(
+                path,
+                request_serializer=type(request).SerializeToString,
+                response_deserializer=response_type.FromString,
+            )
         try:
             for _ in range(2):
                 try:
