@@ -8,21 +8,15 @@ however many leases it keeps:
 
 - a *sender* task takes the renewals that are due from a heap of due times and
   sends them on the streams of the current *round*;
-- a round opens a stream (:class:`RenewalStream`) on every member at once and keeps
-  the first that answers; the round ends when its streams have all ended, and the
-  next round opens streams on every member again;
+- a :class:`RenewalRound` opens a stream on every member at once and keeps the first
+  that answers; the round ends when its streams have all ended, and the next round
+  opens streams on every member again;
 - one *watchdog* timer (a single ``call_later`` handle, rescheduled for the earliest
   instant that matters) marks a lease lost the moment its ``valid_until`` passes,
   from a second heap, and ends a stream on which nothing has been answered for too
   long.
 
-Why every member at once: the member a stream is on may answer nothing while a
-quorum is up elsewhere. A frozen member keeps its connections open; a follower whose
-leader froze forwards a renewal to it and holds every later request of the stream
-behind that one. Trying members one after another costs a stall limit each, and with
-the frozen leader next in line, two of them (issue 14) exceed what is left of a 3 s
-TTL. Keep-alives are idempotent, so sending them to every member costs nothing but a
-few messages, and the first member that answers proves it reaches the leader.
+Why every member at once: see :mod:`etcd_leases.etcd.renewal_round`.
 
 Loss is detected by the timer, not by the sender. Time is judged on our own clock
 (``time.monotonic()``) and conservatively: an answer proves the lease alive for the
@@ -34,12 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import logging
 import math
 import time
-from collections import Counter, deque
+from collections import deque
 
 from etcd_leases.errors import BackendUnavailable, LeaseValueError, ProviderClosed
 from etcd_leases.etcd.client import EtcdClient
@@ -50,8 +42,9 @@ from etcd_leases.etcd.kept_lease import (
     PROVIDER_CLOSED,
     KeptLease,
 )
+from etcd_leases.etcd.renewal_round import RenewalRound
+from etcd_leases.etcd.renewal_schedule import RenewalSchedule
 from etcd_leases.etcd.renewal_stream import Inflight, Renewal, RenewalStream
-from etcd_leases.etcd.rpc_errors import is_no_leader
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 __all__ = ["KeepAliveLoop", "Renewal"]
@@ -67,13 +60,8 @@ _BACKOFF_MAX_S = 1.0
 # member keeps the TCP connection open, so nothing else would tell us.
 _STALL_MIN_S = 0.5
 _STALL_MAX_S = 5.0
-# The heaps drop entries of released and lost leases lazily; rebuild them when such
-# entries outnumber the live ones by this much, so churn cannot grow them forever.
-_COMPACT_SLACK = 1024
 # Hand the event loop back every so many renewals of a burst.
 _YIELD_EVERY = 256
-
-_Entry = tuple[float, int, KeptLease]
 
 
 class KeepAliveLoop:
@@ -85,24 +73,12 @@ class KeepAliveLoop:
 
     def __init__(self, client: EtcdClient) -> None:
         self._client = client
-        self._kept: dict[int, KeptLease] = {}
-        # (due time, tie-breaker, lease): when each lease is to be renewed next.
-        self._renewals: list[_Entry] = []
-        # (time, tie-breaker, lease): when to look at each lease's valid_until again.
-        # Entries are not moved when a renewal extends valid_until; when one comes up
-        # early, it is pushed again at the lease's current valid_until.
-        self._deadlines: list[_Entry] = []
-        self._order = itertools.count()
-        # How many kept leases have each TTL: the shortest decides the stall limits.
-        self._ttls: Counter[int] = Counter()
+        self._schedule = RenewalSchedule()
         # One-shot renewals (renew_once) waiting to be sent.
         self._once: deque[tuple[int, asyncio.Future[Renewal]]] = deque()
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
-        # The current round's streams still open: one per member until one answers.
-        self._streams: list[RenewalStream] = []
-        self._round_answered = False
-        self._round_failure: str | None = None
+        self._round: RenewalRound | None = None
         # The last answer (or the first keep() after none were kept), and whether the
         # silence since has been logged.
         self._answered_at = 0.0
@@ -119,7 +95,7 @@ class KeepAliveLoop:
     @property
     def kept_count(self) -> int:
         """How many leases are being renewed."""
-        return len(self._kept)
+        return len(self._schedule)
 
     @property
     def closed(self) -> bool:
@@ -142,7 +118,7 @@ class KeepAliveLoop:
 
     def is_kept(self, lease_id: int) -> bool:
         """Whether ``lease_id`` is being renewed."""
-        return lease_id in self._kept
+        return self._schedule.get(lease_id) is not None
 
     def keep(self, lease_id: int, ttl_s: int, valid_until: float) -> KeptLease:
         """Start renewing ``lease_id``, granted for ``ttl_s`` seconds.
@@ -159,9 +135,9 @@ class KeepAliveLoop:
             raise LeaseValueError(f"ttl_s must be a positive int, got {ttl_s!r}")
         asyncio.get_running_loop()  # fail here, not in a timer, when called off the loop
         now = time.monotonic()
-        if not self._kept:
+        if not self._schedule:
             self._answered_at = now
-        existing = self._kept.get(lease_id)
+        existing = self._schedule.get(lease_id)
         if existing is not None:
             if now < existing.valid_until:
                 existing.valid_until = max(existing.valid_until, valid_until)
@@ -172,13 +148,9 @@ class KeepAliveLoop:
         if valid_until <= now:
             kept._set_lost(DEADLINE_PASSED)
             return kept
-        self._kept[lease_id] = kept
-        self._ttls[ttl_s] += 1
-        first = max(now, valid_until - ttl_s + kept._interval)
-        heapq.heappush(self._renewals, (first, next(self._order), kept))
-        heapq.heappush(self._deadlines, (valid_until, next(self._order), kept))
+        self._schedule.add(kept, first_renewal=max(now, valid_until - ttl_s + kept._interval))
         self._start()
-        if self._renewals[0][2] is kept or not self._streams:
+        if self._schedule.is_next_renewal(kept) or self._round is None or self._round.over:
             # Due before whatever the sender sleeps towards, or the sender is
             # waiting to open streams again.
             self._wake.set()
@@ -219,12 +191,12 @@ class KeepAliveLoop:
 
     def mark_lost(self, kept: KeptLease, reason: str) -> None:
         """An external loss (say, a watch saw the key change): stop renewing, set lost."""
-        self._untrack(kept)
+        self._schedule.remove(kept)
         kept._set_lost(reason)
 
     def release(self, kept: KeptLease) -> None:
         """Stop renewing ``kept`` without marking it lost: its holder is done with it."""
-        self._untrack(kept)
+        self._schedule.remove(kept)
 
     async def close(self) -> None:
         """Stop the tasks and the streams; leases still kept are lost. Idempotent.
@@ -242,27 +214,9 @@ class KeepAliveLoop:
 
     # Bookkeeping shared by the tasks and the timer.
 
-    def _untrack(self, kept: KeptLease) -> None:
-        if self._kept.get(kept.lease_id) is kept:
-            del self._kept[kept.lease_id]
-            self._ttls[kept.ttl_s] -= 1
-            if self._ttls[kept.ttl_s] <= 0:
-                del self._ttls[kept.ttl_s]
-            self._compact()
-        kept._tracked = False
-
     def _lose(self, kept: KeptLease, reason: str) -> None:
-        self._untrack(kept)
+        self._schedule.remove(kept)
         kept._set_lost(reason)
-
-    def _compact(self) -> None:
-        # In place: the sender holds no reference to the lists across an await, but
-        # replacing them would still be one more thing to get right.
-        live = len(self._kept)
-        for heap in (self._renewals, self._deadlines):
-            if len(heap) > 2 * live + _COMPACT_SLACK:
-                heap[:] = [entry for entry in heap if entry[2]._tracked]
-                heapq.heapify(heap)
 
     def _shut(self, reason: str) -> None:
         """Mark the loop closed and every kept lease lost; the tasks then stop."""
@@ -272,13 +226,10 @@ class KeepAliveLoop:
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
-        kept = list(self._kept.values())
-        self._kept.clear()
-        self._ttls.clear()
-        self._renewals.clear()
-        self._deadlines.clear()
+        kept = self._schedule.clear()
         waiting = [answer for _, answer in self._once]
-        waiting += [answer for stream in self._streams for _, answer in stream.unanswered()]
+        if self._round is not None:
+            waiting += self._round.unanswered()
         self._once.clear()
         for answer in waiting:
             if not answer.done():
@@ -290,20 +241,19 @@ class KeepAliveLoop:
     def _log_silence(self, reason: str) -> None:
         """Warn, once per outage, when etcd has been silent longer than a renewal interval."""
         silence = time.monotonic() - self._answered_at
-        interval = max(min(self._ttls, default=math.inf) / 3, MIN_INTERVAL_S)
-        if self._kept and not self._silence_logged and silence > interval:
+        interval = max(self._schedule.shortest_ttl() / 3, MIN_INTERVAL_S)
+        if self._schedule and not self._silence_logged and silence > interval:
             self._silence_logged = True
             _log.warning(
                 "etcd has answered no keep-alive for %.1f s, more than a renewal interval; "
                 "%d lease(s) at risk (the last streams ended: %s)",
                 silence,
-                len(self._kept),
+                len(self._schedule),
                 reason,
             )
 
     def _stall_after(self) -> float:
-        shortest = min(self._ttls, default=3 * _STALL_MAX_S)
-        return min(_STALL_MAX_S, max(_STALL_MIN_S, shortest / 3))
+        return min(_STALL_MAX_S, max(_STALL_MIN_S, self._schedule.shortest_ttl() / 3))
 
     # The watchdog: one timer for the earliest deadline or stall check.
 
@@ -323,56 +273,26 @@ class KeepAliveLoop:
             return
         now = time.monotonic()
         self._expire(now)
-        next_check = self._check_stalls(now)
-        if self._deadlines:
-            next_check = min(next_check, self._deadlines[0][0])
+        next_check = self._schedule.next_deadline()
+        if self._round is not None:
+            next_check = min(next_check, self._round.end_stalled(now, self._stall_after()))
         if next_check < math.inf:
             self._arm_watchdog(next_check)
 
     def _expire(self, now: float) -> None:
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            _, _, kept = heapq.heappop(heap)
-            if not kept._tracked:
-                continue
-            if kept.valid_until > now:  # renewed since this entry was pushed
-                heapq.heappush(heap, (kept.valid_until, next(self._order), kept))
-                continue
+        for kept in self._schedule.past_deadline(now):
             self._lose(kept, DEADLINE_PASSED)
-
-    def _check_stalls(self, now: float) -> float:
-        """End the streams that stopped answering; when to look again."""
-        next_check = math.inf
-        limit = self._stall_after()
-        for stream in list(self._streams):
-            if stream.outstanding == 0:
-                continue
-            if now - stream.progress_at < limit:
-                next_check = min(next_check, stream.progress_at + limit)
-            else:
-                silent = now - stream.progress_at
-                stream.end(f"a stream went {silent:.2f} s without an answer", failed=True)
-        return next_check
 
     # The streams' callbacks.
 
-    def _on_answer(
-        self, stream: RenewalStream, response: pb.LeaseKeepAliveResponse, inflight: Inflight | None
-    ) -> None:
+    def _on_answer(self, response: pb.LeaseKeepAliveResponse, inflight: Inflight | None) -> None:
         now = time.monotonic()
         if self._silence_logged:
             self._silence_logged = False
             _log.info("etcd answers keep-alives again, after %.1f s", now - self._answered_at)
         self._answered_at = now
         self._answers_received += 1
-        self._round_answered = True
         self._last_member_id = response.header.member_id
-        if len(self._streams) > 1:
-            # The first member to answer this round serves it; calls follow it too.
-            for other in list(self._streams):
-                if other is not stream:
-                    other.end("another member answered first", failed=False)
-            self._client.members.answered(stream.endpoint)
         sent_at: float | None = None
         if inflight is not None:
             sent_at, answer = inflight
@@ -380,7 +300,7 @@ class KeepAliveLoop:
                 answer.set_result((sent_at, max(0, response.TTL)))
             for observe in self._client.keepalive_observers:
                 observe(now - sent_at)
-        kept = self._kept.get(response.ID)
+        kept = self._schedule.get(response.ID)
         if kept is None:
             return
         if response.TTL <= 0:
@@ -395,13 +315,7 @@ class KeepAliveLoop:
         self._arm_watchdog(stream.progress_at + self._stall_after())
 
     def _on_end(self, stream: RenewalStream) -> None:
-        if stream in self._streams:
-            self._streams.remove(stream)
-        if stream.failed and stream.failure is not None:
-            self._round_failure = stream.failure
-            # Pass this member over in calls while another may serve them.
-            self._client.members.failed(stream.endpoint, no_leader=is_no_leader(stream.failure))
-        self._wake.set()
+        self._wake.set()  # the sender looks whether the round is over
 
     # The tasks.
 
@@ -428,7 +342,7 @@ class KeepAliveLoop:
         while not self._closed:
             started = time.monotonic()
             try:
-                reason = await self._round()
+                answered, reason = await self._renew_in_a_round()
             except ProviderClosed:
                 self._shut(PROVIDER_CLOSED)
                 return
@@ -436,13 +350,13 @@ class KeepAliveLoop:
                 # A bug, not a stream failure: log it, keep going. The watchdog still
                 # marks leases lost on time if renewals stop.
                 _log.exception("keep-alive round failed unexpectedly")
-                reason = "unexpected error"
+                answered, reason = False, "unexpected error"
             if self._closed:
                 return
             if self._client.closed:  # the provider closed the client under us
                 self._shut(PROVIDER_CLOSED)
                 return
-            failures = 0 if self._round_answered else failures + 1
+            failures = 0 if answered else failures + 1
             _log.info("etcd keep-alive streams ended (%s); opening new ones", reason)
             self._log_silence(reason)
             if failures:
@@ -455,97 +369,58 @@ class KeepAliveLoop:
                     async with asyncio.timeout(max(0.0, delay)):
                         await self._wake.wait()
 
-    async def _round(self) -> str:
-        """Open a stream on every member, renew over them until all ended; why."""
-        self._round_answered = False
-        self._round_failure = None
-        opened = await asyncio.gather(
-            *(
-                RenewalStream.open(
-                    self._client,
-                    index,
-                    self._on_answer,
-                    self._on_waiting,
-                    self._on_end,
-                    login_timeout=_STALL_MIN_S,
-                )
-                for index in range(len(self._client.endpoints))
-            )
-        )
-        streams = [stream for stream in opened if isinstance(stream, RenewalStream)]
+    async def _renew_in_a_round(self) -> tuple[bool, str]:
+        """Open a round of streams, renew over them until all ended; whether a member
+        answered, and why the round ended."""
+        round_ = RenewalRound(self._client, self._on_answer, self._on_waiting, self._on_end)
+        cannot_open = await round_.open(login_timeout=_STALL_MIN_S)
         if self._closed:
-            for stream in streams:
-                stream.end("the loop closed", failed=False)
-            return PROVIDER_CLOSED
-        if not streams:
-            return "; ".join(str(reason) for reason in opened)
-        self._streams = list(streams)
-        self._renew_all_now()
+            await round_.close("the loop closed")
+            return False, PROVIDER_CLOSED
+        if cannot_open is not None:
+            return False, cannot_open
+        self._round = round_
+        self._schedule.renew_all_now()  # new streams: every lease, most urgent first
         try:
-            await self._send()
+            await self._send(round_)
         finally:
-            for stream in streams:
-                stream.end("the round ended", failed=False)
-            await asyncio.gather(*(stream.wait_ended() for stream in streams))
-            self._streams = []
             # Requests of this round will never be answered: one-shots go again.
-            again = {
-                id(answer): (lease_id, answer)
-                for s in streams
-                for lease_id, answer in s.unanswered()
-            }
-            self._once.extendleft(reversed(list(again.values())))
-        return self._round_failure or "the keep-alive streams ended"
+            self._once.extendleft(reversed(await round_.close("the round ended")))
+            self._round = None
+        return round_.answered, round_.failure or "the keep-alive streams ended"
 
-    def _renew_all_now(self) -> None:
-        """On new streams, renew every kept lease at once, most urgent first."""
-        now = time.monotonic()
-        urgent_first = sorted(self._kept.values(), key=lambda kept: kept.valid_until)
-        # Equal due times and increasing tie-breakers: already a heap.
-        self._renewals[:] = [(now, next(self._order), kept) for kept in urgent_first]
-
-    async def _send(self) -> None:
+    async def _send(self, round_: RenewalRound) -> None:
         """Send renewals as they come due, until the round's streams have all ended."""
         while True:
             # Cleared before looking at the heap: a keep() from here on wakes us.
             self._wake.clear()
-            if not self._streams or self._closed:
+            if round_.over or self._closed:
                 return
             while self._once:
                 lease_id, answer = self._once.popleft()
                 if not answer.done():  # else its caller gave up
-                    self._send_to_all(lease_id, pb.LeaseKeepAliveRequest(ID=lease_id), answer)
+                    self._requests_sent += round_.send(
+                        lease_id, pb.LeaseKeepAliveRequest(ID=lease_id), answer
+                    )
             sent = 0
-            while self._renewals and self._renewals[0][0] <= time.monotonic():
-                _, _, kept = heapq.heappop(self._renewals)
-                if not kept._tracked:
-                    continue
+            while (kept := self._schedule.pop_due(time.monotonic())) is not None:
                 sent_at = time.monotonic()
                 if sent_at >= kept.valid_until:
                     self._lose(kept, DEADLINE_PASSED)
                     continue
                 # Scheduled from the send, answered or not: an unanswered lease is
                 # retried at the same pace until its deadline.
-                heapq.heappush(self._renewals, (sent_at + kept._interval, next(self._order), kept))
-                self._send_to_all(kept.lease_id, kept._request, None)
+                self._schedule.renew_again_at(kept, sent_at + kept._interval)
+                self._requests_sent += round_.send(kept.lease_id, kept._request, None)
                 sent += 1
                 if sent % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
-                    if not self._streams or self._closed:
+                    if round_.over or self._closed:
                         break
-            timeout = self._renewals[0][0] - time.monotonic() if self._renewals else None
+            due = self._schedule.next_renewal_at()
+            timeout = None if due is None else due - time.monotonic()
             if timeout is not None and timeout <= 0:
                 continue
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
-
-    def _send_to_all(
-        self,
-        lease_id: int,
-        request: pb.LeaseKeepAliveRequest,
-        answer: asyncio.Future[Renewal] | None,
-    ) -> None:
-        for stream in self._streams:
-            if stream.send(lease_id, request, answer):
-                self._requests_sent += 1
