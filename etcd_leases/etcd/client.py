@@ -1,8 +1,9 @@
 """How requests reach etcd: the calls etcd-leases makes, with failover and retries.
 
 A small asyncio client over ``grpc.aio``. The members and their channels live in
-:mod:`~etcd_leases.etcd.members`, tokens in :mod:`~etcd_leases.etcd.auth`, and what
-an error means in :mod:`~etcd_leases.etcd.rpc_errors`; this module makes the calls,
+:mod:`~etcd_leases.etcd.members` (followed by :mod:`~etcd_leases.etcd.member_sync`),
+tokens in :mod:`~etcd_leases.etcd.auth`, and what an error means in
+:mod:`~etcd_leases.etcd.rpc_errors`; this module makes the calls,
 moving on to another member on a member failure, and turns every gRPC error into a
 :class:`LeaseError`.
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -34,6 +34,7 @@ from etcd_leases.errors import (
     ProviderClosed,
 )
 from etcd_leases.etcd.auth import Auth, Metadata
+from etcd_leases.etcd.member_sync import MemberSync
 from etcd_leases.etcd.members import Members, parse_endpoints, ssl_credentials
 from etcd_leases.etcd.rpc_errors import (
     details,
@@ -42,7 +43,6 @@ from etcd_leases.etcd.rpc_errors import (
     is_no_leader,
     to_lease_error,
 )
-from etcd_leases.etcd.tasks import BackgroundTasks
 from etcd_leases.etcd.txn import prefix_end
 from etcd_leases.etcd.version import warn_if_affected
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
@@ -59,8 +59,6 @@ _STATUS_TIMEOUT_S = 1.0
 # Between attempts after a member failure: the first wait, doubling up to the last.
 _BACKOFF_FIRST_S = 0.02
 _BACKOFF_MAX_S = 0.5
-# A member failure makes the client read the member list again, at most this often.
-_SYNC_AFTER_FAILURE_EVERY_S = 5.0
 
 _log = logging.getLogger(__name__)
 
@@ -103,12 +101,10 @@ class EtcdClient:
         self.members = Members(
             parse_endpoints(endpoints, tls=tls),
             ssl_credentials(ca_cert, cert, key),
-            on_failure=self._member_failed,
+            on_failure=lambda: self.member_sync.member_failed(),
         )
-        self._sync_interval = member_sync_interval
-        self._synced_after_failure_at = -math.inf
-        self._syncs = BackgroundTasks()
-        self._periodic_sync: asyncio.Task[None] | None = None
+        #: Following the member list (see :mod:`~etcd_leases.etcd.member_sync`).
+        self.member_sync = MemberSync(self.members, self._list_members, member_sync_interval)
         #: The auth tokens, per member.
         self.auth = Auth(self.members, username, password, timeout)
         self._callables: dict[tuple[int, str], grpc.aio.UnaryUnaryMultiCallable[Any, Any]] = {}
@@ -235,10 +231,7 @@ class EtcdClient:
     ) -> ResponseT:
         """One unary call; retried on other members until ``timeout`` when ``retry``."""
         self.check_open()
-        if self._periodic_sync is None and self._sync_interval is not None:
-            self._periodic_sync = asyncio.get_running_loop().create_task(
-                self._sync_every(self._sync_interval), name="etcd-leases member sync"
-            )
+        self.member_sync.start()
         if self.server_version is None:
             await self._read_server_version()
         deadline = time.monotonic() + self.timeout
@@ -281,43 +274,12 @@ class EtcdClient:
         self.server_version = response.version
         warn_if_affected(response.version, self.members.targets[index])
 
-    # Following the members: etcd's member list says where they are now.
+    # The etcd calls, one method each.
 
-    async def sync_members(self) -> list[str]:
-        """Add the members etcd lists that no endpoint names yet; their endpoints.
-
-        As the Go client's auto-sync: a member replaced by one on a new address is
-        found, even once no endpoint we were given still names a live member.
-        """
-        response = await self.call(
+    async def _list_members(self) -> pb.MemberListResponse:
+        return await self.call(
             "/etcdserverpb.Cluster/MemberList", pb.MemberListRequest(), pb.MemberListResponse
         )
-        # Learners serve no linearizable request: not an endpoint for us.
-        voters = [member for member in response.members if not member.isLearner]
-        learned = self.members.learn(url for member in voters for url in member.clientURLs)
-        if learned:
-            _log.info("etcd's member list names new members: %s", ", ".join(learned))
-        return learned
-
-    async def _sync_quietly(self) -> None:
-        with contextlib.suppress(LeaseError):  # the next sync tries again
-            await self.sync_members()
-
-    async def _sync_every(self, interval: float) -> None:
-        while not self.closed:
-            await asyncio.sleep(interval)
-            await self._sync_quietly()
-
-    def _member_failed(self) -> None:
-        """A member failed a call or stream: it may have been replaced. Look soon."""
-        now = time.monotonic()
-        if self._sync_interval is None or self.closed:
-            return
-        if now - self._synced_after_failure_at >= _SYNC_AFTER_FAILURE_EVERY_S:
-            self._synced_after_failure_at = now
-            self._syncs.start(self._sync_quietly())
-
-    # The etcd calls, one method each.
 
     async def range(self, key: bytes) -> pb.KeyValue | None:
         """A linearizable read of one key."""
@@ -400,32 +362,6 @@ class EtcdClient:
         )
         return [lease.ID for lease in response.leases]
 
-    async def keep_alive_once(self, lease_id: int) -> int:
-        """Refresh a lease once; its TTL in seconds, or 0 when it is gone."""
-        self.check_open()
-        deadline = time.monotonic() + self.timeout
-        return await self._retried(
-            lambda index: self._keep_alive_attempt(index, lease_id, deadline), deadline
-        )
-
-    async def _keep_alive_attempt(self, index: int, lease_id: int, deadline: float) -> int:
-        stream = self.keep_alive_stream(await self.auth.metadata(index), index)
-        try:
-            await stream.write(pb.LeaseKeepAliveRequest(ID=lease_id))
-            response = await asyncio.wait_for(stream.read(), self._attempt_timeout(deadline))
-        except asyncio.CancelledError as exc:
-            if closed := self.closed_under(exc):
-                raise closed from None
-            raise
-        except TimeoutError:
-            raise BackendUnavailable("etcd: a keep-alive was not answered in time") from None
-        finally:
-            stream.cancel()
-        if not isinstance(response, pb.LeaseKeepAliveResponse):
-            raise BackendUnavailable("etcd closed the keep-alive stream")
-        self.members.answered(index)
-        return max(0, response.TTL)
-
     def _open_stream(
         self,
         path: str,
@@ -464,7 +400,4 @@ class EtcdClient:
     async def close(self) -> None:
         """Close every channel; idempotent."""
         await self.members.close()
-        if self._periodic_sync is not None:
-            self._periodic_sync.cancel()
-            await asyncio.wait([self._periodic_sync])
-        await self._syncs.wait(self.timeout)
+        await self.member_sync.close(self.timeout)
