@@ -76,6 +76,15 @@ def etcd(etcd_members: EtcdMembers, etcd_binary: str) -> EtcdCluster:
     return etcd_members.get(etcd_binary)
 
 
+def process_gone(pid: int) -> bool:
+    """Whether no process has ``pid`` (any more)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 async def eventually(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
     """Wait until ``condition()`` holds (checked every 10 ms); fail after ``timeout`` s.
 

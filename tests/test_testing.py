@@ -25,6 +25,7 @@ from etcd_leases.testing import (
     find_etcd_binary,
     find_etcdctl,
 )
+from tests.conftest import process_gone
 
 BINARIES = find_etcd_binaries()
 
@@ -42,14 +43,6 @@ def etcd_binary(request: pytest.FixtureRequest) -> str:
     """
     value: str = request.param
     return value
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def _get(cluster_or_member: EtcdCluster | testing.EtcdMember, key: str) -> str | None:
@@ -154,7 +147,7 @@ def test_kill_and_restart_keep_data(etcd_binary: str) -> None:
         assert not member.running
         assert member.pid is None
         assert member.returncode == -signal.SIGKILL
-        assert _gone(pid)
+        assert process_gone(pid)
         with pytest.raises(RuntimeError, match="no member"):
             cluster.etcdctl("get", "k")
 
@@ -182,7 +175,7 @@ def test_stop_leaves_nothing(etcd_binary: str, tmp_path: Path) -> None:
     cluster.members[1].kill()  # a partly dead cluster stops cleanly too
     cluster.members[2].pause()  # and so does a paused member
     cluster.stop()
-    assert all(pid is not None and _gone(pid) for pid in pids)
+    assert all(pid is not None and process_gone(pid) for pid in pids)
     assert not any(m.running for m in cluster.members)
     assert not os.path.exists(directory)
     assert list(tmp_path.iterdir()) == []
@@ -199,7 +192,7 @@ def test_graceful_stop(etcd_binary: str) -> None:
     assert time.monotonic() - started < 8
     # etcd re-raises SIGTERM after its graceful shutdown
     assert all(m.returncode in (0, -signal.SIGTERM) for m in cluster.members)
-    assert all(pid is not None and _gone(pid) for pid in pids)
+    assert all(pid is not None and process_gone(pid) for pid in pids)
 
 
 def test_failed_start_reports_log_and_cleans_up(etcd_binary: str, tmp_path: Path) -> None:
@@ -254,10 +247,10 @@ def test_atexit_kills_leftovers(tmp_path: Path) -> None:
     pid_text, directory = out.stdout.split()
     pid = int(pid_text)
     try:
-        assert _gone(pid)
+        assert process_gone(pid)
         assert not os.path.exists(directory)
     finally:
-        if not _gone(pid):  # our grandchild: clean up after a failed assertion
+        if not process_gone(pid):  # our grandchild: clean up after a failed assertion
             os.kill(pid, signal.SIGKILL)
 
 
@@ -282,17 +275,17 @@ def test_sigterm_kills_the_members_too(handler: str) -> None:
     *pid_texts, directory = child.stdout.readline().split()
     pids = [int(text) for text in pid_texts]
     try:
-        assert all(not _gone(pid) for pid in pids)
+        assert all(not process_gone(pid) for pid in pids)
         child.send_signal(signal.SIGTERM)
         returncode = child.wait(timeout=30)
         assert returncode == (7 if handler == "own" else -signal.SIGTERM)
-        assert all(_gone(pid) for pid in pids)
+        assert all(process_gone(pid) for pid in pids)
         assert not os.path.exists(directory)
     finally:
         child.kill()
         child.wait()
         for pid in pids:
-            if not _gone(pid):  # our grandchildren: clean up after a failed assertion
+            if not process_gone(pid):  # our grandchildren: clean up after a failed assertion
                 os.kill(pid, signal.SIGKILL)
 
 

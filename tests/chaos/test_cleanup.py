@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import process_gone
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # A test holding what a chaos run holds: namespaces, and a worker it ends in `finally`.
@@ -46,14 +48,6 @@ def link_exists(name: str) -> bool:
     return shown.returncode == 0
 
 
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 def test_sigterm_ends_a_chaos_run_cleanly(tmp_path: Path) -> None:
     if os.geteuid() != 0 or shutil.which("ip") is None:
         why = "network namespaces need root and iproute2's 'ip'"
@@ -76,16 +70,16 @@ def test_sigterm_ends_a_chaos_run_cleanly(tmp_path: Path) -> None:
     _, pid_text, bridge, *created = line.split()
     worker = int(pid_text)
     try:
-        assert not gone(worker) and set(created) <= namespaces()
+        assert not process_gone(worker) and set(created) <= namespaces()
         run.send_signal(signal.SIGTERM)
         run.wait(timeout=60)
-        assert gone(worker), "the worker outlived the run"
+        assert process_gone(worker), "the worker outlived the run"
         assert not set(created) & namespaces(), "the run left network namespaces behind"
         assert not link_exists(bridge), "the run left its bridge behind"
     finally:
         run.kill()
         run.wait()
-        if not gone(worker):  # our grandchild: clean up after a failed assertion
+        if not process_gone(worker):  # our grandchild: clean up after a failed assertion
             os.kill(worker, signal.SIGKILL)
         for namespace in set(created) & namespaces():
             subprocess.run(["ip", "netns", "del", namespace], check=False)
