@@ -8,7 +8,13 @@ import time
 
 import pytest
 
-from etcd_leases import BackendUnavailable, EtcdLeaseProvider, LeaseValueError, ProviderClosed
+from etcd_leases import (
+    BackendUnavailable,
+    EtcdLeaseProvider,
+    LeaseLost,
+    LeaseValueError,
+    ProviderClosed,
+)
 from etcd_leases.etcd.keeper import EtcdKeeper
 from etcd_leases.etcd.members import parse_endpoints
 from etcd_leases.etcd.pool import Grant
@@ -264,6 +270,63 @@ async def test_adopt_cancelled_before_keeping_gives_the_key_back(etcd: EtcdClust
         while await provider.get_lease_owner("k") is not None:
             assert time.monotonic() < deadline, "the key stayed taken by no one"
             await asyncio.sleep(0.05)
+
+
+async def test_keep_lease_keeps_only_the_tenure_it_names(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """``keep_lease`` (what ``adopt`` calls) checks its arguments, and refuses a key that
+    is absent, held by another owner or tenure, or written by hand without a lease."""
+    provider, soon = etcd_provider, time.monotonic() + 5
+    with pytest.raises(LeaseValueError):
+        await provider.keep_lease("k", "alice", 1, 0, soon)
+    with pytest.raises(LeaseLost, match="'alice' no longer holds 'absent' with token 7"):
+        await provider.keep_lease("absent", "alice", 7, 5000, soon)
+    taken = await provider.acquire_lease("k", "alice", 5000)
+    assert taken.token is not None
+    with pytest.raises(LeaseLost):
+        await provider.keep_lease("k", "bob", taken.token, 5000, soon)
+    with pytest.raises(LeaseLost):
+        await provider.keep_lease("k", "alice", taken.token + 1, 5000, soon)
+    written = await provider.client.txn(
+        Txn.when().then(put(provider.etcd_key("by-hand"), b"alice")).request
+    )
+    by_hand = written.header.revision
+    with pytest.raises(LeaseLost):
+        await provider.keep_lease("by-hand", "alice", by_hand, 5000, soon)
+
+
+async def test_an_adopted_tenure_is_renewed_and_its_loss_seen(etcd: EtcdCluster) -> None:
+    """The adopted key's own lease is renewed past its TTL, and a transfer away is seen
+    from the key's history (the reason names the new owner), not only by a renewal
+    failing once the old lease is revoked."""
+    async with (
+        EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider,
+        EtcdLeaseProvider(etcd.endpoints, prefix=provider.prefix) as other,
+    ):
+        await other.acquire_lease("k", "bob", 30_000)
+        assert await other.transfer_lease("k", "bob", "alice", 1000)
+        async with provider.adopt("k", "alice", 1000) as adopted:
+            await asyncio.sleep(2.5)  # past two TTLs: kept alive by renewals of its lease
+            assert not adopted.lost.is_set(), adopted.lost_reason
+            assert await other.get_lease_owner("k") == "alice"
+            assert await other.transfer_lease("k", "alice", "carol", 30_000)
+            await asyncio.wait_for(adopted.lost.wait(), 10)
+            assert "carol" in (adopted.lost_reason or ""), adopted.lost_reason
+
+
+async def test_an_adoption_on_the_session_lease_leaves_it_to_the_other_keys(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """A key held with ``hold`` sits on the provider's session lease with its other held
+    keys; adopting it there and ending the adoption must not stop that lease's renewals."""
+    provider = etcd_provider
+    async with provider.hold("other", "alice", 1000) as other, provider.hold("k", "alice", 1000):
+        async with provider.adopt("k", "alice", 1000):
+            pass
+        await asyncio.sleep(2.5)  # past two TTLs of the session lease
+        assert not other.lost.is_set(), other.lost_reason
+        assert await provider.get_lease_owner("other") == "alice"
 
 
 async def test_cancelled_acquires_leave_no_lease_behind(etcd_binary: str) -> None:
