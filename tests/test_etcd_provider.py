@@ -231,7 +231,9 @@ def test_bad_configuration_is_refused() -> None:
 
 
 async def test_cancelled_transfer_never_frees_the_key(etcd_provider: EtcdLeaseProvider) -> None:
-    """A transfer cancelled mid-flight must not revoke the lease it may have handed on."""
+    """A transfer cancelled mid-flight must not revoke the lease it may have handed on;
+    its settlement frees whichever lease ended up carrying nothing."""
+    before = set(await etcd_provider.client.leases())
     for delay in (0.0005, 0.001, 0.002, 0.003, 0.005):
         await etcd_provider.acquire_lease("handoff", "alice", 5000)
         transfer = asyncio.create_task(
@@ -244,6 +246,8 @@ async def test_cancelled_transfer_never_frees_the_key(etcd_provider: EtcdLeasePr
         assert await etcd_provider.get_lease_owner("handoff") in ("alice", "bob")
         for owner in ("alice", "bob"):
             await etcd_provider.release_lease("handoff", owner)
+        await settled(etcd_provider)
+        await assert_no_lease_leaked(etcd_provider, before)
 
 
 class SlowToKeep(EtcdLeaseProvider):
@@ -327,6 +331,30 @@ async def test_an_adoption_on_the_session_lease_leaves_it_to_the_other_keys(
         await asyncio.sleep(2.5)  # past two TTLs of the session lease
         assert not other.lost.is_set(), other.lost_reason
         assert await provider.get_lease_owner("other") == "alice"
+
+
+async def test_a_key_written_by_hand_gets_a_lease_when_its_owner_renews(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """A key someone wrote without a lease (``etcdctl put``) names its owner; the owner's
+    renew or re-acquire puts it under a lease of the TTL asked, so it expires after all."""
+    provider = etcd_provider
+    for key, call in (("renewed", "renew"), ("acquired", "acquire")):
+        await provider.client.txn(Txn.when().then(put(provider.etcd_key(key), b"alice")).request)
+        if call == "renew":
+            assert await provider.renew_lease(key, "alice", 1000)
+        else:
+            taken = await provider.acquire_lease(key, "alice", 1000)
+            assert taken.acquired and taken.ttl_ms == 1000
+        kv = await provider.client.range(provider.etcd_key(key))
+        assert kv is not None and kv.lease and kv.value == b"alice"
+        assert (await provider.client.time_to_live(kv.lease)).grantedTTL == 1
+    assert await provider.renew_lease("renewed", "alice", 1000)  # a 1 s lease is alive
+    for key in ("renewed", "acquired"):
+        deadline = time.monotonic() + 10
+        while await provider.get_lease_owner(key) is not None:
+            assert time.monotonic() < deadline, f"{key} never expired"
+            await asyncio.sleep(0.1)
 
 
 async def test_cancelled_acquires_leave_no_lease_behind(etcd_binary: str) -> None:
