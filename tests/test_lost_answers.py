@@ -22,7 +22,13 @@ from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.txn import delete, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.send_ids import SendId
-from tests.conftest import assert_freed, assert_no_lease_leaked, etcd_error, past_one_shot
+from tests.conftest import (
+    assert_freed,
+    assert_no_lease_leaked,
+    etcd_error,
+    past_one_shot,
+    settled,
+)
 
 
 class LoseAnswers:
@@ -284,3 +290,23 @@ async def test_a_send_id_settles_a_lost_answer_followed_by_another_send(
     assert not message.duplicate and message.seq == 1
     assert [m.payload for m in await inbox.pending("thread")] == [b"next"]
     assert (await inbox.append("thread", b"hello", 100, send_id)).duplicate
+
+
+async def test_a_hold_whose_put_landed_unanswered_leaves_no_key(
+    etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers
+) -> None:
+    """Every answer to a hold's put lost: the hold fails, and its settlement finds the key
+    it put on the session lease with no hold on it, and deletes it."""
+    p = etcd_provider
+    async with p.hold("warm", "me", 3000):  # the session exists already
+        pass
+    lose_answers.to_lose = 1000
+    with pytest.raises(BackendUnavailable):
+        async with p.hold("k", "me", 3000):
+            pytest.fail("a hold whose every answer was lost cannot know it holds")
+    assert lose_answers.lost >= 1
+    landed = await p.client.range(p.etcd_key("k"))
+    lose_answers.to_lose = 0
+    await settled(p)
+    assert landed is None or landed.value == b"me"
+    assert await p.get_lease_owner("k") is None
