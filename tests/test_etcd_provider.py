@@ -357,6 +357,25 @@ async def test_a_key_written_by_hand_gets_a_lease_when_its_owner_renews(
             await asyncio.sleep(0.1)
 
 
+async def test_a_one_second_lease_goes_back_to_the_pool_and_is_taken_again(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """Etcd's least TTL (1 s here): a released key's lease is reused by the next acquire,
+    renewed alongside its put, and that renewal (TTL 1) proves it alive."""
+    provider = etcd_provider
+    leases = []
+    for _ in range(3):
+        taken = await provider.acquire_lease("short", "alice", 1000)
+        assert taken.acquired and taken.ttl_ms == 1000
+        kv = await provider.client.range(provider.etcd_key("short"))
+        assert kv is not None
+        leases.append(kv.lease)
+        await provider.release_lease("short", "alice")
+    # The first release revokes its lease (a process that may be a one-shot, see
+    # LeasePool.recycling); from the second on, the lease goes back to the pool.
+    assert leases[1] == leases[2], leases
+
+
 async def test_cancelled_acquires_leave_no_lease_behind(etcd_binary: str) -> None:
     # An etcd of its own: a lease another test's provider granted in the background as
     # it closed (left to expire) would count here as this test's leak.
