@@ -111,6 +111,25 @@ async def test_a_key_held_elsewhere_by_the_same_owner_moves_onto_the_session(
     assert await etcd_provider.get_lease_owner("job") is None
 
 
+async def test_the_same_owner_holding_a_key_twice_in_one_process_shares_the_tenure(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """The key is on the session lease with this owner's value already: the same tenure,
+    its token and TTL, without another write (and either release ends it)."""
+    async with etcd_provider.hold("twice", "me", 3000) as first:
+        async with etcd_provider.hold("twice", "me", 3000) as second:
+            assert second.owner == "me" and second.token == first.token
+            assert 0 < second.remaining() <= 3.0
+            result, keeper = await etcd_provider.acquire_kept("twice", "me", 3000)
+            assert result.acquired is True and result.owner == "me"
+            assert result.token == first.token and result.ttl_ms == 3000
+            assert keeper is not None
+            keeper.lose("this test is done with it")
+            assert await etcd_provider.get_lease_owner("twice") == "me"
+        await asyncio.wait_for(first.lost.wait(), 10)
+    assert await etcd_provider.get_lease_owner("twice") is None
+
+
 async def test_another_owner_in_the_same_process_does_not_share_the_tenure(
     etcd_provider: EtcdLeaseProvider,
 ) -> None:
