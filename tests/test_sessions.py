@@ -10,7 +10,13 @@ import grpc.aio
 import pytest
 from google.protobuf.message import Message
 
-from etcd_leases import BackendUnavailable, EtcdLeaseProvider, HeldLease, LeaseHeld
+from etcd_leases import (
+    BackendUnavailable,
+    EtcdLeaseProvider,
+    HeldLease,
+    LeaseHeld,
+    LeaseValueError,
+)
 from etcd_leases.etcd.lease_ids import is_session_lease
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
@@ -128,6 +134,16 @@ async def test_the_same_owner_holding_a_key_twice_in_one_process_shares_the_tenu
             assert await etcd_provider.get_lease_owner("twice") == "me"
         await asyncio.wait_for(first.lost.wait(), 10)
     assert await etcd_provider.get_lease_owner("twice") is None
+
+
+async def test_a_hold_checks_its_ttl(etcd_provider: EtcdLeaseProvider) -> None:
+    for ttl_ms in (0, -1):
+        with pytest.raises(LeaseValueError):
+            await etcd_provider.acquire_kept("k", "me", ttl_ms)
+        with pytest.raises(LeaseValueError):
+            async with etcd_provider.hold("k", "me", ttl_ms):
+                pytest.fail("held with a bad TTL")
+    assert await etcd_provider.get_lease_owner("k") is None
 
 
 async def test_another_owner_in_the_same_process_does_not_share_the_tenure(
