@@ -191,8 +191,7 @@ class KeepAliveLoop:
 
     def mark_lost(self, kept: KeptLease, reason: str) -> None:
         """An external loss (say, a watch saw the key change): stop renewing, set lost."""
-        self._schedule.remove(kept)
-        kept._set_lost(reason)
+        self._lose(kept, reason)
 
     def release(self, kept: KeptLease) -> None:
         """Stop renewing ``kept`` without marking it lost: its holder is done with it."""

@@ -46,9 +46,6 @@ class RenewalSchedule:
     def get(self, lease_id: int) -> KeptLease | None:
         return self._kept.get(lease_id)
 
-    def leases(self) -> list[KeptLease]:
-        return list(self._kept.values())
-
     def shortest_ttl(self) -> float:
         """The shortest TTL kept, in seconds (infinite when none is)."""
         return min(self._ttls, default=math.inf)
