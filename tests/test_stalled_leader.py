@@ -56,13 +56,24 @@ def _endpoints(cluster: EtcdCluster, leader: EtcdMember, position: str) -> list[
     return order
 
 
-async def _renewal_answered(lease: HeldLease) -> float:
+async def _renewal_answered(lease: HeldLease, ttl_ms: int = TTL_MS) -> float:
     """Wait for the next answered renewal of ``lease``; when its request was sent."""
     deadline = time.monotonic() + lease.remaining()
     await wait_for(
-        lambda: time.monotonic() + lease.remaining() > deadline + 0.1, 5, "a renewal answer"
+        lambda: time.monotonic() + lease.remaining() > deadline + 0.1,
+        ttl_ms / 1000,
+        "a renewal answer",
     )
-    return time.monotonic() + lease.remaining() - TTL_MS / 1000
+    return time.monotonic() + lease.remaining() - ttl_ms / 1000
+
+
+def _elected(cluster: EtcdCluster, since: float) -> str:
+    """Wait until the unfrozen members agree on a leader; how long after ``since``."""
+    try:
+        cluster.leader(timeout=10.0)
+    except TimeoutError:
+        return "no new leader in 10 s"
+    return f"a new leader {time.monotonic() - since:.2f} s later"
 
 
 async def _trial(
@@ -92,9 +103,11 @@ async def _trial(
         expired_before = await asyncio.to_thread(leader.leases_expired)
         await asyncio.to_thread(leader.pause)
         try:
+            elected = asyncio.create_task(asyncio.to_thread(_elected, cluster, time.monotonic()))
             await asyncio.sleep(FREEZE_S)
         finally:
             await asyncio.to_thread(leader.resume)
+        print(f"{position}: leader frozen, {await elected}")
         await asyncio.sleep(1.0)
         expired = await asyncio.to_thread(leader.leases_expired) - expired_before
         losses: list[Loss] = []
@@ -163,3 +176,47 @@ async def test_renew_lease_never_says_lost_while_a_leader_is_frozen(
         print(f"{position}: {answers.count(True)} renewed, {unavailable} unavailable")
         assert False not in answers
         assert await provider.renew_lease("own", "me", 10_000)
+
+
+async def test_held_keys_survive_streams_opened_before_the_followers_notice(
+    slow_cluster: EtcdCluster,
+) -> None:
+    """Every member freezes just before a renewal; the followers wake as the stall limit
+    ends the stream, the leader stays frozen. The round opened then reaches followers
+    that still believe in the frozen leader: they forward its renewals to it and wait,
+    long after they elected another (etcd's request timeout, seconds). Before rounds
+    were widened (fresh streams beside the waiting ones while no member answered), that
+    round waited a whole stall limit and the key was lost at its deadline: every run,
+    both etcd versions. The TTL is 9 s so that a slow election still fits.
+    """
+    ttl_ms = 9000
+    interval = ttl_ms / 3000  # the renewal interval and the stall limit
+    leader = await asyncio.to_thread(slow_cluster.leader)
+    followers = [member for member in slow_cluster.members if member is not leader]
+    async with (
+        EtcdLeaseProvider(slow_cluster.endpoints, timeout=5.0) as provider,
+        provider.hold("k", "me", ttl_ms) as lease,
+    ):
+        await _renewal_answered(lease, ttl_ms)
+        sent_at = await _renewal_answered(lease, ttl_ms)
+        next_renewal = sent_at + interval
+        deadline = sent_at + ttl_ms / 1000
+        await asyncio.sleep(max(0.0, next_renewal - 0.1 - time.monotonic()))
+        for member in [leader, *followers]:
+            await asyncio.to_thread(member.pause)
+        try:
+            # The stream the renewal went on ends a stall limit after it; the next
+            # round's streams open on members still frozen.
+            await asyncio.sleep(max(0.0, next_renewal + interval + 0.1 - time.monotonic()))
+            for member in followers:
+                await asyncio.to_thread(member.resume)
+            woke = time.monotonic()
+            elected = await asyncio.to_thread(_elected, slow_cluster, woke)
+            print(f"followers woke {deadline - woke:.2f} s before the deadline; {elected}")
+            await asyncio.sleep(max(0.0, deadline + 0.5 - time.monotonic()))
+            assert not lease.lost.is_set(), lease.lost_reason
+            assert lease.remaining() > 0
+        finally:
+            for member in slow_cluster.members:
+                if member.paused:
+                    await asyncio.to_thread(member.resume)

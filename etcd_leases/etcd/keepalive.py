@@ -13,8 +13,9 @@ however many leases it keeps:
   opens streams on every member again;
 - one *watchdog* timer (a single ``call_later`` handle, rescheduled for the earliest
   instant that matters) marks a lease lost the moment its ``valid_until`` passes,
-  from a second heap, and ends a stream on which nothing has been answered for too
-  long.
+  from a second heap, ends a stream on which nothing has been answered for too
+  long, and has a round no member answered yet widened (new streams beside the
+  waiting ones) every quarter of that.
 
 Why every member at once: see :mod:`etcd_leases.etcd.renewal_round`.
 
@@ -60,6 +61,9 @@ _BACKOFF_MAX_S = 1.0
 # member keeps the TCP connection open, so nothing else would tell us.
 _STALL_MIN_S = 0.5
 _STALL_MAX_S = 5.0
+# A round no member has answered is widened this often (a fraction of the stall
+# limit): after a failover, the next stream opened answers within this much.
+_WIDEN_EVERY = 4
 # Hand the event loop back every so many renewals of a burst.
 _YIELD_EVERY = 256
 
@@ -79,6 +83,7 @@ class KeepAliveLoop:
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
         self._round: RenewalRound | None = None
+        self._widen = False  # the watchdog asks the sender to widen the round
         # The last answer (or the first keep() after none were kept), and whether the
         # silence since has been logged.
         self._answered_at = 0.0
@@ -228,7 +233,7 @@ class KeepAliveLoop:
         kept = self._schedule.clear()
         waiting = [answer for _, answer in self._once]
         if self._round is not None:
-            waiting += self._round.unanswered()
+            waiting += [answer for _, answer in self._round.unanswered()]
         self._once.clear()
         for answer in waiting:
             if not answer.done():
@@ -254,6 +259,12 @@ class KeepAliveLoop:
     def _stall_after(self) -> float:
         return min(_STALL_MAX_S, max(_STALL_MIN_S, self._schedule.shortest_ttl() / 3))
 
+    def _widen_at(self, round_: RenewalRound) -> float:
+        """When ``round_`` is to be widened (never once a member answered it)."""
+        if round_.answered:
+            return math.inf
+        return round_.opened_at + self._stall_after() / _WIDEN_EVERY
+
     # The watchdog: one timer for the earliest deadline or stall check.
 
     def _arm_watchdog(self, when: float) -> None:
@@ -273,8 +284,14 @@ class KeepAliveLoop:
         now = time.monotonic()
         self._expire(now)
         next_check = self._schedule.next_deadline()
-        if self._round is not None:
-            next_check = min(next_check, self._round.end_stalled(now, self._stall_after()))
+        round_ = self._round
+        if round_ is not None:
+            next_check = min(next_check, round_.end_stalled(now, self._stall_after()))
+            if now >= self._widen_at(round_) and not round_.over:
+                self._widen = True
+                self._wake.set()
+            else:
+                next_check = min(next_check, self._widen_at(round_))
         if next_check < math.inf:
             self._arm_watchdog(next_check)
 
@@ -380,12 +397,14 @@ class KeepAliveLoop:
             return False, cannot_open
         self._round = round_
         self._schedule.renew_all_now()  # new streams: every lease, most urgent first
+        self._arm_watchdog(self._widen_at(round_))
         try:
             await self._send(round_)
         finally:
             # Requests of this round will never be answered: one-shots go again.
             self._once.extendleft(reversed(await round_.close("the round ended")))
             self._round = None
+            self._widen = False
         return round_.answered, round_.failure or "the keep-alive streams ended"
 
     async def _send(self, round_: RenewalRound) -> None:
@@ -395,6 +414,13 @@ class KeepAliveLoop:
             self._wake.clear()
             if round_.over or self._closed:
                 return
+            if self._widen:
+                self._widen = False
+                if not round_.answered:
+                    await round_.open(login_timeout=_STALL_MIN_S)
+                    self._schedule.renew_all_now()
+                    self._arm_watchdog(self._widen_at(round_))
+                    continue
             while self._once:
                 lease_id, answer = self._once.popleft()
                 if not answer.done():  # else its caller gave up

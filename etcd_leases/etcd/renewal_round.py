@@ -11,12 +11,20 @@ unary calls follow that member too.
 
 A stream with requests outstanding and no answer for the stall limit ends; the round
 is over when all its streams have ended, and the keep-alive loop opens the next.
+
+A round no member has answered yet is *widened* every so often: a fresh stream on every
+member, beside the ones still waiting. A follower that forwarded a renewal to a frozen
+leader keeps waiting on it after the others elected a new leader (until etcd's request
+timeout, seconds); its older streams cannot answer, a new one can. Without widening, a
+round opened just before the election waited a whole stall limit, and the leases, whose
+first stall had already cost one, ran out (issue 14, under load).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable
 
 from etcd_leases.etcd.client import EtcdClient
@@ -53,9 +61,16 @@ class RenewalRound:
         self.answered = False
         #: Why the last stream that failed did, if one did.
         self.failure: str | None = None
+        #: When streams were last opened on every member.
+        self.opened_at = 0.0
 
     async def open(self, login_timeout: float) -> str | None:
-        """Open a stream on every member; ``None``, or why none could be opened."""
+        """Open a stream on every member; ``None``, or why none could be opened.
+
+        Called again on a round that is not over, it widens it: the new streams get
+        the one-shot renewals the others have not answered (renewals are the caller's).
+        """
+        waiting = self.unanswered()
         opened = await asyncio.gather(
             *(
                 RenewalStream.open(
@@ -69,10 +84,19 @@ class RenewalRound:
                 for index in range(len(self._client.endpoints))
             )
         )
-        self._all = [stream for stream in opened if isinstance(stream, RenewalStream)]
-        self.streams = list(self._all)
-        if not self.streams:
+        self.opened_at = time.monotonic()
+        new = [stream for stream in opened if isinstance(stream, RenewalStream)]
+        self._all += new
+        if not new:
             return "; ".join(str(reason) for reason in opened)
+        if self.answered:  # while these opened: the round has its member
+            for stream in new:
+                stream.end("another member answered first", failed=False)
+            return None
+        self.streams += new
+        for lease_id, answer in waiting:
+            for stream in new:
+                stream.send(lease_id, pb.LeaseKeepAliveRequest(ID=lease_id), answer)
         return None
 
     @property
@@ -106,15 +130,19 @@ class RenewalRound:
         for stream in self._all:
             stream.end(reason, failed=False)
         await asyncio.gather(*(stream.wait_ended() for stream in self._all))
+        return self.unanswered(self._all)
+
+    def unanswered(
+        self, streams: list[RenewalStream] | None = None
+    ) -> list[tuple[int, asyncio.Future[Renewal]]]:
+        """The one-shot renewals ``streams`` (the open ones by default) left unanswered,
+        each once."""
         again = {
             id(answer): (lease_id, answer)
-            for stream in self._all
+            for stream in (self.streams if streams is None else streams)
             for lease_id, answer in stream.unanswered()
         }
         return list(again.values())
-
-    def unanswered(self) -> list[asyncio.Future[Renewal]]:
-        return [answer for stream in self.streams for _, answer in stream.unanswered()]
 
     def _answer(
         self, stream: RenewalStream, response: pb.LeaseKeepAliveResponse, inflight: Inflight | None
