@@ -65,9 +65,11 @@ class KeptTenures(PooledTenures):
                 compare = create_revision_is(etcd_key, 0)
             elif kv.value != value:
                 return AcquireResult(False, owner_of(kv)), None
-            elif kv.lease == session.lease_id:  # ours already: the same tenure
-                return self._session_tenure(owner, etcd_key, kv, session)
-            else:  # this owner's on another lease: move it onto the session
+            elif kv.lease == session.lease_id and not self._late_releases.may_end(kv):
+                return self._session_tenure(owner, etcd_key, kv, session)  # the same tenure
+            else:
+                # This owner's on another lease (moved onto the session), or one a
+                # release of ours may still end (written again: another tenure).
                 compare = mod_revision_is(etcd_key, kv.mod_revision)
             txn = (
                 Txn.when(compare)
@@ -88,7 +90,13 @@ class KeptTenures(PooledTenures):
                 raise
             # The session lease is shared, by other keys and by other owners of this
             # process: the put landed if the key shows our value on it.
-            if now is not None and now.lease == session.lease_id and now.value == value:
+            # (Not one a release of ours may still end: that one is written again.)
+            if (
+                now is not None
+                and now.lease == session.lease_id
+                and now.value == value
+                and not self._late_releases.may_end(now)
+            ):
                 if kv is not None:
                     self.lease_freed(kv.lease)
                 try:

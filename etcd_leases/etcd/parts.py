@@ -17,6 +17,7 @@ from etcd_leases.etcd.batch import TxnBatcher
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.keepalive import KeepAliveLoop
 from etcd_leases.etcd.keeper import EtcdKeeper
+from etcd_leases.etcd.late_releases import LateReleases
 from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.etcd.pool import Grant, LeasePool
 from etcd_leases.etcd.session import Sessions
@@ -84,6 +85,8 @@ class BackendParts:
         self._sessions = Sessions(
             self._client, self._keepalive, lambda ttl_s: self._grant(ttl_s, session=True)
         )
+        # Releases with no answer, whose copies may still end a tenure they compared.
+        self._late_releases = LateReleases()
         # Transactions that arrive together share one consensus round.
         self._batcher = TxnBatcher(self._client)
         self._background = BackgroundTasks()

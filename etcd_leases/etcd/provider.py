@@ -29,13 +29,22 @@ from etcd_leases.contract import (
     check_lease_call,
     check_transfer_call,
 )
-from etcd_leases.errors import LeaseValueError
+from etcd_leases.errors import BackendUnavailable, LeaseValueError
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.fenced import FencedWrites
 from etcd_leases.etcd.keeper import owner_of
 from etcd_leases.etcd.kept import KeptTenures, state_of
 from etcd_leases.etcd.parts import DEFAULT_PREFIX
-from etcd_leases.etcd.txn import Txn, create_revision_is, delete, get, put, value_is
+from etcd_leases.etcd.txn import (
+    Txn,
+    create_revision_is,
+    delete,
+    first_kv,
+    get,
+    mod_revision_at_most,
+    put,
+    value_is,
+)
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 __all__ = ["DEFAULT_PREFIX", "EtcdBackend"]
@@ -117,7 +126,11 @@ class EtcdBackend(KeptTenures, FencedWrites):
                 continue  # the key went between the copies sent: again
             if kv.value != value:
                 return AcquireResult(False, owner_of(kv))
-            refreshed = await self._refresh(etcd_key, value, ttl_ms, kv, started)
+            if self._late_releases.may_end(kv):
+                # A release of ours may still end this tenure: begin another.
+                refreshed = await self._move(etcd_key, kv, value, ttl_ms, started)
+            else:
+                refreshed = await self._refresh(etcd_key, value, ttl_ms, kv, started)
             if refreshed is not None:
                 return AcquireResult(True, owner, refreshed.token, refreshed.ttl_ms)
 
@@ -131,24 +144,45 @@ class EtcdBackend(KeptTenures, FencedWrites):
         check_lease_call(key, owner)
         self._client.check_open()
         etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
+        # Only tenures begun before this call (see late_releases): a copy that lands
+        # late never ends a later one.
+        up_to = self._client.revision_seen
         lease_id = self._pool.carrier(etcd_key, value)
-        if lease_id is not None and not self._pool.recycling:
-            # So far a one-shot (see LeasePool.recycling): revoking the tenure's lease
-            # deletes the key with it, and leaves no free lease to revoke at close.
-            self._pool.retire(lease_id)
-            if await self._client.revoke(lease_id):
-                kv = await self._client.range(etcd_key)
+        try:
+            if lease_id is not None and not self._pool.recycling:
+                # So far a one-shot (see LeasePool.recycling): revoking the tenure's
+                # lease deletes the key with it, and leaves no free lease to revoke at
+                # close.
+                self._pool.retire(lease_id)
+                revoked = await self._client.revoke(lease_id)
+                if revoked:
+                    kv = await self._client.range(etcd_key)
+                    if kv is None or kv.value != value:
+                        self._late_releases.answered(etcd_key)
+                        return
+                # The lease was gone, or the key was not on it any more: someone moved
+                # the owner's tenure to another lease. Released as any key is.
+            while True:
+                # Copies land at most once: after a delete the key has no value to match.
+                response, _ = await self._send_copies(
+                    Txn.when(value_is(etcd_key, value), mod_revision_at_most(etcd_key, up_to))
+                    .then(delete(etcd_key, prev_kv=True))
+                    .otherwise(get(etcd_key))
+                )
+                if response.succeeded:
+                    for previous in response.responses[0].response_delete_range.prev_kvs:
+                        self.lease_freed(previous.lease)
+                    break
+                kv = first_kv(response)
                 if kv is None or kv.value != value:
-                    return
-            # The lease was gone, or the key was not on it any more: someone moved
-            # the owner's tenure to another lease. Released as any key is.
-        # Copies of it land at most once: after a delete the key has no value to match.
-        response, _ = await self._send_copies(
-            Txn.when(value_is(etcd_key, value)).then(delete(etcd_key, prev_kv=True))
-        )
-        if response.succeeded:
-            for previous in response.responses[0].response_delete_range.prev_kvs:
-                self.lease_freed(previous.lease)
+                    break
+                # The owner's tenure began after the revisions this client had seen (in
+                # another process, say); it began before this answer.
+                up_to = response.header.revision
+        except BackendUnavailable:
+            self._late_releases.unknown(etcd_key, up_to)
+            raise
+        self._late_releases.answered(etcd_key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         check_lease_call(key, owner, ttl_ms)

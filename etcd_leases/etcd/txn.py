@@ -27,6 +27,14 @@ def mod_revision_is(key: bytes, revision: int) -> pb.Compare:
     )
 
 
+def mod_revision_at_most(key: bytes, revision: int) -> pb.Compare:
+    """True when the key was last written at ``revision`` or before (and, with a value
+    compare beside it, exists): a tenure that began after ``revision`` never matches."""
+    return pb.Compare(
+        key=key, target=pb.Compare.MOD, result=pb.Compare.LESS, mod_revision=revision + 1
+    )
+
+
 def range_is_empty(key: bytes, range_end: bytes) -> pb.Compare:
     """True when no key lies in ``[key, range_end)`` (etcd compares an empty range as absent)."""
     return pb.Compare(
