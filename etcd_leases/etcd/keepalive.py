@@ -11,11 +11,9 @@ however many leases it keeps:
 - a :class:`RenewalRound` opens a stream on every member at once and keeps the first
   that answers; the round ends when its streams have all ended, and the next round
   opens streams on every member again;
-- one *watchdog* timer (a single ``call_later`` handle, rescheduled for the earliest
-  instant that matters) marks a lease lost the moment its ``valid_until`` passes,
-  from a second heap, ends a stream on which nothing has been answered for too
-  long, and has a round no member answered yet widened (new streams beside the
-  waiting ones) every quarter of that.
+- one *watchdog* timer (:mod:`.renewal_watchdog`) marks a lease lost the moment its
+  ``valid_until`` passes, from a second heap, ends a stream on which nothing has been
+  answered for too long, and has a round no member answered yet widened.
 
 Why every member at once: see :mod:`etcd_leases.etcd.renewal_round`.
 
@@ -30,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections import deque
 
@@ -46,6 +43,7 @@ from etcd_leases.etcd.kept_lease import (
 from etcd_leases.etcd.renewal_round import RenewalRound
 from etcd_leases.etcd.renewal_schedule import RenewalSchedule
 from etcd_leases.etcd.renewal_stream import Inflight, Renewal, RenewalStream
+from etcd_leases.etcd.renewal_watchdog import RenewalWatchdog
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 __all__ = ["KeepAliveLoop", "Renewal"]
@@ -56,14 +54,8 @@ _log = logging.getLogger(__name__)
 # 1 s (less the round's own duration) while members keep failing.
 _BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 1.0
-# A stream with requests outstanding and no answer for a third
-# of the shortest TTL (within these bounds), is given up: a frozen or leaderless
-# member keeps the TCP connection open, so nothing else would tell us.
-_STALL_MIN_S = 0.5
-_STALL_MAX_S = 5.0
-# A round no member has answered is widened this often (a fraction of the stall
-# limit): after a failover, the next stream opened answers within this much.
-_WIDEN_EVERY = 4
+# How long a login may take when a round opens streams.
+_LOGIN_TIMEOUT_S = 0.5
 # Hand the event loop back every so many renewals of a burst.
 _YIELD_EVERY = 256
 
@@ -88,8 +80,9 @@ class KeepAliveLoop:
         # silence since has been logged.
         self._answered_at = 0.0
         self._silence_logged = False
-        self._watchdog: asyncio.TimerHandle | None = None
-        self._watchdog_at = math.inf
+        self._watchdog = RenewalWatchdog(
+            self._schedule, lambda: self._round, self._lose, self._ask_to_widen
+        )
         self._closed = False
         self._requests_sent = 0
         self._answers_received = 0
@@ -159,7 +152,7 @@ class KeepAliveLoop:
             # Due before whatever the sender sleeps towards, or the sender is
             # waiting to open streams again.
             self._wake.set()
-        self._arm_watchdog(valid_until)
+        self._watchdog.arm(valid_until)
         return kept
 
     async def renew_once(self, lease_id: int, timeout: float) -> Renewal:
@@ -227,9 +220,7 @@ class KeepAliveLoop:
         if self._closed:
             return
         self._closed = True
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
+        self._watchdog.stop()
         kept = self._schedule.clear()
         waiting = [answer for _, answer in self._once]
         if self._round is not None:
@@ -256,48 +247,9 @@ class KeepAliveLoop:
                 reason,
             )
 
-    def _stall_after(self) -> float:
-        return min(_STALL_MAX_S, max(_STALL_MIN_S, self._schedule.shortest_ttl() / 3))
-
-    def _widen_at(self, round_: RenewalRound) -> float:
-        """When ``round_`` is to be widened (never once a member answered it)."""
-        if round_.answered:
-            return math.inf
-        return round_.opened_at + self._stall_after() / _WIDEN_EVERY
-
-    # The watchdog: one timer for the earliest deadline or stall check.
-
-    def _arm_watchdog(self, when: float) -> None:
-        if self._closed or when >= self._watchdog_at:
-            return
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-        delay = max(0.0, when - time.monotonic())
-        self._watchdog = asyncio.get_running_loop().call_later(delay, self._on_watchdog)
-        self._watchdog_at = when
-
-    def _on_watchdog(self) -> None:
-        self._watchdog = None
-        self._watchdog_at = math.inf
-        if self._closed:
-            return
-        now = time.monotonic()
-        self._expire(now)
-        next_check = self._schedule.next_deadline()
-        round_ = self._round
-        if round_ is not None:
-            next_check = min(next_check, round_.end_stalled(now, self._stall_after()))
-            if now >= self._widen_at(round_) and not round_.over:
-                self._widen = True
-                self._wake.set()
-            else:
-                next_check = min(next_check, self._widen_at(round_))
-        if next_check < math.inf:
-            self._arm_watchdog(next_check)
-
-    def _expire(self, now: float) -> None:
-        for kept in self._schedule.past_deadline(now):
-            self._lose(kept, DEADLINE_PASSED)
+    def _ask_to_widen(self) -> None:
+        self._widen = True
+        self._wake.set()
 
     # The streams' callbacks.
 
@@ -328,7 +280,7 @@ class KeepAliveLoop:
             kept.valid_until = max(kept.valid_until, sent_at + response.TTL)
 
     def _on_waiting(self, stream: RenewalStream) -> None:
-        self._arm_watchdog(stream.progress_at + self._stall_after())
+        self._watchdog.arm(stream.progress_at + self._watchdog.stall_after())
 
     def _on_end(self, stream: RenewalStream) -> None:
         self._wake.set()  # the sender looks whether the round is over
@@ -389,7 +341,7 @@ class KeepAliveLoop:
         """Open a round of streams, renew over them until all ended; whether a member
         answered, and why the round ended."""
         round_ = RenewalRound(self._client, self._on_answer, self._on_waiting, self._on_end)
-        cannot_open = await round_.open(login_timeout=_STALL_MIN_S)
+        cannot_open = await round_.open(login_timeout=_LOGIN_TIMEOUT_S)
         if self._closed:
             await round_.close("the loop closed")
             return False, PROVIDER_CLOSED
@@ -397,7 +349,7 @@ class KeepAliveLoop:
             return False, cannot_open
         self._round = round_
         self._schedule.renew_all_now()  # new streams: every lease, most urgent first
-        self._arm_watchdog(self._widen_at(round_))
+        self._watchdog.arm(self._watchdog.widen_at(round_))
         try:
             await self._send(round_)
         finally:
@@ -417,9 +369,9 @@ class KeepAliveLoop:
             if self._widen:
                 self._widen = False
                 if not round_.answered:
-                    await round_.open(login_timeout=_STALL_MIN_S)
+                    await round_.open(login_timeout=_LOGIN_TIMEOUT_S)
                     self._schedule.renew_all_now()
-                    self._arm_watchdog(self._widen_at(round_))
+                    self._watchdog.arm(self._watchdog.widen_at(round_))
                     continue
             while self._once:
                 lease_id, answer = self._once.popleft()
