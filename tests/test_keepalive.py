@@ -20,7 +20,7 @@ from etcd_leases.etcd.kept_lease import (
 from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.testing import EtcdCluster, EtcdMember
 from etcd_leases.testing.load import cpu_hogs
-from tests.conftest import eventually
+from tests.conftest import enable_auth, eventually
 
 
 @pytest.fixture
@@ -297,3 +297,38 @@ async def test_five_thousand_leases_on_one_stream(
             await client.revoke(lease_id)
 
     await asyncio.gather(*(revoke(kept.lease_id) for kept in leases))
+
+
+async def test_closing_while_a_round_opens_leaves_no_stream_behind(etcd_binary: str) -> None:
+    """A round opens a stream on every member at once, each after its login; closing the
+    loop meanwhile (one member frozen, its login unanswered) must end the streams that
+    did open. They were left running before: their calls outlive the event loop, and
+    gRPC then reports events of a closed loop in whatever runs next."""
+    with EtcdCluster(3, binary=etcd_binary) as cluster:
+        enable_auth(cluster)
+        client = EtcdClient(cluster.endpoints, timeout=5, username="root", password="rootpw")
+        keeper = KeepAliveLoop(client)
+        try:
+            for index in (0, 1):  # logged in already: these streams open at once
+                await client.auth.metadata(index)
+            sent = time.monotonic()
+            lease_id = new_lease_id()
+            granted = await client.grant(10, lease_id)
+            await asyncio.to_thread(cluster.members[2].pause)
+            keeper.keep(lease_id, granted, sent + granted)
+            await eventually(lambda: len(readers()) == 2, "two streams open")
+            await keeper.close()
+            # Ended by the close (their tasks finish a moment later), not by the client's.
+            await eventually(lambda: not readers(), "no keep-alive stream left", timeout=2.0)
+        finally:
+            await keeper.close()
+            await client.close()
+            await asyncio.to_thread(cluster.members[2].resume)
+
+
+def readers() -> list[asyncio.Task[object]]:
+    return [
+        task
+        for task in asyncio.all_tasks()
+        if task.get_name() == "etcd-leases keep-alive reader" and not task.done()
+    ]

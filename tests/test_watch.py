@@ -298,11 +298,18 @@ async def test_writes_during_an_outage_arrive_once_after_the_stream_moves(
         revision = await write(writer, key, b"v7")
         assert summary(await next_batch(watcher)) == [(PUT, b"v7", revision)]
         assert any("watch stream broke" in r.getMessage() for r in caplog.records)
-        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR and not grpc_poller(r)]
     finally:
         await stream.close()
         await watching.close()
         await writer.close()
+
+
+def grpc_poller(record: logging.LogRecord) -> bool:
+    """gRPC's poller delivering an event of a call made on an earlier test's event loop,
+    closed since (grpc/grpc#25364: one poller serves every loop a process has had); not
+    this test's doing."""
+    return "PollerCompletionQueue._handle_events" in record.getMessage()
 
 
 async def test_compacted_start_revision_yields_the_reread_signal(etcd_binary: str) -> None:

@@ -71,8 +71,8 @@ class RenewalRound:
         the one-shot renewals the others have not answered (renewals are the caller's).
         """
         waiting = self.unanswered()
-        opened = await asyncio.gather(
-            *(
+        opening = [
+            asyncio.ensure_future(
                 RenewalStream.open(
                     self._client,
                     index,
@@ -81,9 +81,20 @@ class RenewalRound:
                     self._ended,
                     login_timeout=login_timeout,
                 )
-                for index in range(len(self._client.endpoints))
             )
-        )
+            for index in range(len(self._client.endpoints))
+        ]
+        try:
+            opened = await asyncio.gather(*opening)
+        except BaseException:
+            # Cancelled (the loop closes): end the streams that opened, which nobody
+            # would end otherwise (their calls outlive the event loop).
+            for task in opening:
+                if not task.cancelled() and task.done() and task.exception() is None:
+                    stream = task.result()
+                    if isinstance(stream, RenewalStream):
+                        stream.end("the round was given up", failed=False)
+            raise
         self.opened_at = time.monotonic()
         new = [stream for stream in opened if isinstance(stream, RenewalStream)]
         self._all += new
