@@ -191,16 +191,20 @@ async def test_the_stream_moves_off_a_frozen_or_killed_member(etcd_cluster: Etcd
             assert time.monotonic() < deadline, "the leases were never renewed"
             await asyncio.sleep(0.05)
         # Frozen (SIGSTOP): the connection stays up, only the answers stop.
+        # The member left is named before the fault: a new stream may answer before
+        # the fault's call returns (a kill waits for the process to go).
         frozen = serving_member(etcd_cluster, keeper)
+        left = str(keeper.last_member_id)
         await asyncio.to_thread(frozen.pause)
         try:
-            await renewed_elsewhere(keeper, leases, str(keeper.last_member_id))
+            await renewed_elsewhere(keeper, leases, left)
         finally:
             await asyncio.to_thread(frozen.resume)
         # Killed: the stream breaks.
         killed = serving_member(etcd_cluster, keeper)
+        left = str(keeper.last_member_id)
         await asyncio.to_thread(killed.kill)
-        await renewed_elsewhere(keeper, leases, str(keeper.last_member_id))
+        await renewed_elsewhere(keeper, leases, left)
         assert not any(kept.lost.is_set() for kept in leases)
         alive = await asyncio.gather(*(alive_on_server(client, k.lease_id) for k in leases))
         assert all(alive)
