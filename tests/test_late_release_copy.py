@@ -116,50 +116,30 @@ async def test_a_hold_after_a_release_with_no_answer_begins_another_tenure(
         assert len(provider._late_releases) == 0, "the hold's release settled it"
 
 
-async def test_an_acquire_after_a_revoke_with_no_answer_begins_another_tenure(
-    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("caller", ["one-shot", "worker"])
+async def test_an_acquire_after_a_release_with_no_answer_begins_another_tenure(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch, caller: str
 ) -> None:
-    """A one-shot's release revokes the tenure's lease; with that revoke's answer lost,
-    an acquire by the same owner finds the key still on the lease. Refreshing that
-    tenure would leave it to the pending revoke."""
+    """No answer to a release (a one-shot's revokes the tenure's lease; past the
+    one-shot, releases are transactions), the key still the owner's: an acquire by the
+    same owner must not refresh the tenure the pending revoke or copy may end."""
     async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
+        if caller == "worker":
+            await past_one_shot(provider)
         # Long enough to outlast the release's retries (the lease is not renewed).
         first = await provider.acquire_lease("k", "me", TTL_MS)
-        assert first.acquired and not provider._pool.recycling
+        assert first.acquired and provider._pool.recycling == (caller == "worker")
         withheld: list[Attempt] = []
         with monkeypatch.context() as patch:
             lose_answers(provider, patch, withheld=withheld, every_copy=True)
             with pytest.raises(BackendUnavailable):
                 await provider.release_lease("k", "me")
-        assert is_revoke(withheld[0][1])
+        assert is_revoke(withheld[0][1]) == (caller == "one-shot")
         again = await provider.acquire_lease("k", "me", TTL_MS)
         assert again.acquired and again.token is not None and first.token is not None
-        assert again.token > first.token, "the tenure a pending revoke may end"
-        await apply_late(provider, withheld)
-        assert await provider.get_lease_owner("k") == "me", "a late revoke took it"
-        await provider.release_lease("k", "me")
-        assert len(provider._late_releases) == 0, "an answered release settled it"
-
-
-async def test_an_acquire_after_a_release_with_no_answer_begins_another_tenure(
-    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same, past the one-shot (releases are transactions): no copy answered, the
-    key still the owner's; an acquire must not refresh the tenure the copy may end."""
-    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
-        await past_one_shot(provider)
-        first = await provider.acquire_lease("k", "me", TTL_MS)
-        withheld: list[Attempt] = []
-        with monkeypatch.context() as patch:
-            lose_answers(provider, patch, withheld=withheld, every_copy=True)
-            with pytest.raises(BackendUnavailable):
-                await provider.release_lease("k", "me")
-        assert not is_revoke(withheld[0][1])
-        again = await provider.acquire_lease("k", "me", TTL_MS)
-        assert again.token is not None and first.token is not None
         assert again.token > first.token, "the tenure a pending release may end"
         await apply_late(provider, withheld)
-        assert await provider.get_lease_owner("k") == "me", "a late release copy took it"
+        assert await provider.get_lease_owner("k") == "me", "a late release took it"
         await provider.release_lease("k", "me")
         assert len(provider._late_releases) == 0, "an answered release settled it"
 

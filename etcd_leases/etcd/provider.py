@@ -148,41 +148,47 @@ class EtcdBackend(KeptTenures, FencedWrites):
         # late never ends a later one.
         up_to = self._client.revision_seen
         lease_id = self._pool.carrier(etcd_key, value)
-        try:
-            if lease_id is not None and not self._pool.recycling:
-                # So far a one-shot (see LeasePool.recycling): revoking the tenure's
-                # lease deletes the key with it, and leaves no free lease to revoke at
-                # close.
-                self._pool.retire(lease_id)
+        if lease_id is not None and not self._pool.recycling:
+            # So far a one-shot (see LeasePool.recycling): revoking the tenure's lease
+            # deletes the key with it, and leaves no free lease to revoke at close.
+            self._pool.retire(lease_id)
+            try:
                 revoked = await self._client.revoke(lease_id)
-                if revoked:
-                    kv = await self._client.range(etcd_key)
-                    if kv is None or kv.value != value:
-                        self._late_releases.answered(etcd_key)
-                        return
+            except BackendUnavailable:
+                self._late_releases.unknown(etcd_key, up_to)
+                raise
+            kv = await self._client.range(etcd_key) if revoked else None
+            if not revoked or (kv is not None and kv.value == value):
                 # The lease was gone, or the key was not on it any more: someone moved
                 # the owner's tenure to another lease. Released as any key is.
-            while True:
-                # Copies land at most once: after a delete the key has no value to match.
+                await self._delete_owned(etcd_key, value, up_to)
+        else:
+            await self._delete_owned(etcd_key, value, up_to)
+        self._late_releases.answered(etcd_key)
+
+    async def _delete_owned(self, etcd_key: bytes, value: bytes, up_to: int) -> None:
+        """Delete the key if ``value``'s tenure, begun at ``up_to`` or before, has it."""
+        while True:
+            # Copies land at most once: after a delete the key has no value to match.
+            try:
                 response, _ = await self._send_copies(
                     Txn.when(value_is(etcd_key, value), mod_revision_at_most(etcd_key, up_to))
                     .then(delete(etcd_key, prev_kv=True))
                     .otherwise(get(etcd_key))
                 )
-                if response.succeeded:
-                    for previous in response.responses[0].response_delete_range.prev_kvs:
-                        self.lease_freed(previous.lease)
-                    break
-                kv = first_kv(response)
-                if kv is None or kv.value != value:
-                    break
-                # The owner's tenure began after the revisions this client had seen (in
-                # another process, say); it began before this answer.
-                up_to = response.header.revision
-        except BackendUnavailable:
-            self._late_releases.unknown(etcd_key, up_to)
-            raise
-        self._late_releases.answered(etcd_key)
+            except BackendUnavailable:
+                self._late_releases.unknown(etcd_key, up_to)
+                raise
+            if response.succeeded:
+                for previous in response.responses[0].response_delete_range.prev_kvs:
+                    self.lease_freed(previous.lease)
+                return
+            kv = first_kv(response)
+            if kv is None or kv.value != value:
+                return
+            # The owner's tenure began after the revisions this client had seen (in
+            # another process, say); it began before this answer.
+            up_to = response.header.revision
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         check_lease_call(key, owner, ttl_ms)
