@@ -21,6 +21,7 @@ import pytest
 from google.protobuf.message import Message
 
 from etcd_leases import BackendUnavailable, EtcdLeaseProvider, LeaseError
+from etcd_leases.etcd.late_releases import LateReleases
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import etcd_error, past_one_shot, settled, unique_prefix
@@ -140,6 +141,8 @@ async def test_an_acquire_after_a_release_with_no_answer_begins_another_tenure(
         assert again.token > first.token, "the tenure a pending release may end"
         await apply_late(provider, withheld)
         assert await provider.get_lease_owner("k") == "me", "a late release took it"
+        # The tenure begun past the release's reach is an ordinary one: kept as it is.
+        assert (await provider.acquire_lease("k", "me", TTL_MS)).token == again.token
         await provider.release_lease("k", "me")
         assert len(provider._late_releases) == 0, "an answered release settled it"
 
@@ -161,3 +164,17 @@ async def test_a_release_ends_a_tenure_begun_where_its_client_did_not_see_it(
         assert taken.token is not None and taken.token > seen
         await here.release_lease("k", "run-7")
         assert await there.get_lease_owner("k") is None
+
+
+def test_the_highest_revision_an_unanswered_release_compared_is_kept() -> None:
+    """Two releases of one key with no answer, the later-sent one failing first: the
+    tenures either may end stay flagged, up to the higher revision."""
+    late = LateReleases()
+    late.unknown(b"k", 12)
+    late.unknown(b"k", 10)
+    assert late.may_end(pb.KeyValue(key=b"k", mod_revision=11))
+    assert not late.may_end(pb.KeyValue(key=b"k", mod_revision=13))
+    assert len(late) == 0, "a tenure above the revision settles it"
+    late.unknown(b"k", 14)
+    late.answered(b"k")  # a later release was answered: the tenure it compared is over
+    assert not late.may_end(pb.KeyValue(key=b"k", mod_revision=14))
