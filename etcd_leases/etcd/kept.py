@@ -42,7 +42,15 @@ class KeptTenures(PooledTenures):
         """
         check_lease_call(key, owner, ttl_ms)
         self._client.check_open()
-        etcd_key, value = self.etcd_key(key), owner.encode("utf-8")
+        etcd_key = self.etcd_key(key)
+        # A settlement reading the key mid-take would find our put unregistered.
+        async with self._key_locks.lock(etcd_key):
+            return await self._take_on_session(etcd_key, owner, ttl_ms)
+
+    async def _take_on_session(
+        self, etcd_key: bytes, owner: str, ttl_ms: int
+    ) -> tuple[AcquireResult, EtcdKeeper | None]:
+        value = owner.encode("utf-8")
         kv: pb.KeyValue | None = None
         # Whether a put of this call landed on a session whose renewal then came too
         # late: that tenure began (others may have seen it), and may have ended.
@@ -132,18 +140,17 @@ class KeptTenures(PooledTenures):
         while delays and not session.kept.lost.is_set():  # a lost session took the key
             await asyncio.sleep(delays[0])
             try:
-                kv = await self._client.range(etcd_key)
+                async with self._key_locks.lock(etcd_key):
+                    kv = await self._client.range(etcd_key)
+                    if kv is not None and kv.lease == session.lease_id and kv.value == value:
+                        await self._delete_unheld(etcd_key, kv.mod_revision)
+                        return
             except BackendUnavailable:
                 delays[0] = 1.0  # the session lives on, so would the key: read again
                 continue
             except LeaseError:
                 return
             delays.pop(0)
-            if kv is not None and kv.lease == session.lease_id and kv.value == value:
-                keeper = self._session_keepers.get((etcd_key, kv.mod_revision))
-                if keeper is None or keeper.lost.is_set():
-                    await self._delete_tenure(etcd_key, kv.mod_revision)
-                return
 
     async def keep_lease(
         self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
@@ -172,15 +179,24 @@ class KeptTenures(PooledTenures):
         )
 
     def _delete_abandoned(self, etcd_key: bytes, token: int) -> None:
-        self._background.start(self._delete_tenure(etcd_key, token))
+        self._background.start(self._delete_abandoned_tenure(etcd_key, token))
 
-    async def _delete_tenure(self, etcd_key: bytes, token: int) -> None:
-        """Delete ``etcd_key`` if tenure ``token`` still has it; retried while unreachable."""
+    async def _delete_abandoned_tenure(self, etcd_key: bytes, token: int) -> None:
+        """Delete ``etcd_key`` if tenure ``token`` still has it and no hold of this
+        process does; retried while etcd is unreachable."""
         while not self._client.closed:
             try:
-                await self._cas(Txn.when(mod_revision_is(etcd_key, token)).then(delete(etcd_key)))
+                async with self._key_locks.lock(etcd_key):
+                    await self._delete_unheld(etcd_key, token)
                 return
             except BackendUnavailable:
                 await asyncio.sleep(1.0)
             except LeaseError:
                 return
+
+    async def _delete_unheld(self, etcd_key: bytes, token: int) -> None:
+        """Delete ``etcd_key`` if tenure ``token`` still has it and no hold of this
+        process has that tenure (called with the key's lock held: no take in flight)."""
+        keeper = self._session_keepers.get((etcd_key, token))
+        if keeper is None or keeper.lost.is_set():
+            await self._cas(Txn.when(mod_revision_is(etcd_key, token)).then(delete(etcd_key)))

@@ -17,6 +17,7 @@ from etcd_leases.etcd.batch import TxnBatcher
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.keepalive import KeepAliveLoop
 from etcd_leases.etcd.keeper import EtcdKeeper
+from etcd_leases.etcd.key_locks import KeyLocks
 from etcd_leases.etcd.late_releases import LateReleases
 from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.etcd.pool import Grant, LeasePool
@@ -82,6 +83,8 @@ class BackendParts:
         self._session_keepers: weakref.WeakValueDictionary[tuple[bytes, int], EtcdKeeper] = (
             weakref.WeakValueDictionary()
         )
+        # A take of a key and a settlement that may delete it, one at a time per key.
+        self._key_locks = KeyLocks()
         self._sessions = Sessions(
             self._client, self._keepalive, lambda ttl_s: self._grant(ttl_s, session=True)
         )
