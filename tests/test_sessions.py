@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Awaitable, Callable
 
 import grpc
 import grpc.aio
@@ -11,6 +13,7 @@ import pytest
 from google.protobuf.message import Message
 
 from etcd_leases import (
+    AcquireResult,
     BackendUnavailable,
     EtcdLeaseProvider,
     HeldLease,
@@ -319,3 +322,115 @@ async def test_a_settlement_never_deletes_the_tenure_a_later_hold_is_taking(
             assert kv is not None and kv.mod_revision == lease.token, "deleted while held"
             assert not lease.lost.is_set(), lease.lost_reason
         assert len(p._key_locks) == 0  # no lock left behind for a key nobody takes
+
+
+async def interrupted_hold(
+    p: EtcdLeaseProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    before_read: Callable[[int], Awaitable[None]],
+    *,
+    put_after_read: int = 0,
+) -> asyncio.Event:
+    """Cancel a hold of ``k`` by ``me`` whose put lands and is never answered, sent once
+    the settlement has read the key ``put_after_read`` times (a copy still on its way).
+    ``before_read(n)`` runs before each try of the settlement's reads of the key (n
+    counts the tries, from 1) and may refuse one by raising. Set when the put landed."""
+    client, key = p.client, p.etcd_key("k")
+    original = client._attempt
+    answered = [asyncio.Event() for _ in range(1000)]  # each try of a read, in order
+    tries = 0
+    sent, landed = asyncio.Event(), asyncio.Event()
+
+    async def send(request: Message, response_type: type[Message]) -> None:
+        if put_after_read:
+            await answered[put_after_read - 1].wait()
+        await original(0, "/etcdserverpb.KV/Txn", request, response_type, 5.0)
+        landed.set()
+
+    async def attempt(
+        index: int, path: str, request: Message, response_type: type[Message], deadline: float
+    ) -> Message:
+        nonlocal tries
+        if path.endswith("/Txn") and puts(request, key) and not sent.is_set():
+            sent.set()
+            background.add(asyncio.create_task(send(request, response_type)))
+            await asyncio.sleep(60)  # its answer never comes: the hold is cancelled
+        if path.endswith("/Range") and getattr(request, "key", None) == key:
+            tries += 1
+            try_ = tries
+            await before_read(try_)
+            answer = await original(index, path, request, response_type, deadline)
+            answered[try_ - 1].set()
+            return answer
+        return await original(index, path, request, response_type, deadline)
+
+    background: set[asyncio.Task[None]] = set()  # the put, not cancelled with the hold
+    async with p.hold("warm", "me", 3000):  # the session exists already
+        pass
+    monkeypatch.setattr(client, "_attempt", attempt)
+    hold = asyncio.create_task(p.hold("k", "me", 3000).__aenter__())
+    await asyncio.wait_for(sent.wait(), 5.0)
+    hold.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await hold
+    return landed
+
+
+async def no_wait(read: int) -> None:
+    pass
+
+
+async def test_a_put_landing_after_the_settlements_first_read_is_deleted(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy of the put still on its way lands after the first read: a later read of
+    the settlement finds it and deletes it (nobody holds it, the session would keep
+    it alive as long as the process runs)."""
+    p = etcd_provider
+    landed = await interrupted_hold(p, monkeypatch, no_wait, put_after_read=1)
+    await asyncio.wait_for(landed.wait(), 5.0)
+    await settled(p)
+    assert await p.client.range(p.etcd_key("k")) is None
+
+
+async def test_a_settlement_reads_again_while_etcd_is_unreachable(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its reads refused for longer than the client's timeout, the settlement reads again
+    until one is answered, and deletes the key its put left."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix(), timeout=1.0) as p:
+        refused_until = time.monotonic() + 1.5
+
+        async def refuse_at_first(read: int) -> None:
+            if time.monotonic() < refused_until:
+                raise etcd_error(grpc.StatusCode.UNAVAILABLE, "unreachable (test)")
+
+        landed = await interrupted_hold(p, monkeypatch, refuse_at_first)
+        await asyncio.wait_for(landed.wait(), 5.0)
+        await settled(p)
+        assert time.monotonic() >= refused_until  # it read after the refusals
+        assert await p.client.range(p.etcd_key("k")) is None
+
+
+async def test_a_settlement_leaves_the_same_owners_tenure_on_another_lease(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the put and the settlement's read, another process of the same owner took
+    the key onto its own lease (a new tenure): not the session's key any more, it stays."""
+    prefix = unique_prefix()
+    async with (
+        EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as p,
+        EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as elsewhere,
+    ):
+        taken: list[AcquireResult] = []
+
+        async def taken_elsewhere_first(read: int) -> None:
+            if read == 1:
+                taken.append(await elsewhere.acquire_lease("k", "me", 5000))
+
+        landed = await interrupted_hold(p, monkeypatch, taken_elsewhere_first)
+        await asyncio.wait_for(landed.wait(), 5.0)
+        await settled(p)
+        kv = await p.client.range(p.etcd_key("k"))
+        assert taken and taken[0].acquired and kv is not None
+        assert kv.mod_revision == taken[0].token and not is_session_lease(kv.lease)
