@@ -73,11 +73,10 @@ class KeptTenures(PooledTenures):
                 compare = create_revision_is(etcd_key, 0)
             elif kv.value != value:
                 return AcquireResult(False, owner_of(kv)), None
-            elif kv.lease == session.lease_id and not self._late_releases.may_end(kv):
-                return self._session_tenure(owner, etcd_key, kv, session)  # the same tenure
             else:
                 # This owner's on another lease (moved onto the session), or one a
-                # release of ours may still end (written again: another tenure).
+                # release of ours may still end, or one put by this call on a session
+                # whose renewal came too late: written again, another tenure.
                 compare = mod_revision_is(etcd_key, kv.mod_revision)
             txn = (
                 Txn.when(compare)
