@@ -20,6 +20,7 @@ from etcd_leases import (
     LeaseHeld,
     LeaseValueError,
 )
+from etcd_leases.etcd.keepalive import Renewal
 from etcd_leases.etcd.lease_ids import is_session_lease
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
@@ -434,3 +435,55 @@ async def test_a_settlement_leaves_the_same_owners_tenure_on_another_lease(
         kv = await p.client.range(p.etcd_key("k"))
         assert taken and taken[0].acquired and kv is not None
         assert kv.mod_revision == taken[0].token and not is_session_lease(kv.lease)
+
+
+async def test_holds_taken_at_once_by_a_fresh_provider_share_one_session_and_renewal(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fifty holds started together, before any session exists: one session lease is
+    granted (the others wait for it), and their takes share one renewal of it (a
+    keep-alive message, not one per key)."""
+    p = etcd_provider
+    requested: list[int] = []
+    original = p._keepalive.request_renewal
+
+    def request_renewal(lease_id: int) -> asyncio.Future[Renewal]:
+        requested.append(lease_id)
+        return original(lease_id)
+
+    monkeypatch.setattr(p._keepalive, "request_renewal", request_renewal)
+    async with contextlib.AsyncExitStack() as stack:
+        await asyncio.gather(
+            *(stack.enter_async_context(p.hold(f"k{i}", "me", 3000)) for i in range(50))
+        )
+        (session,) = await leases_of(p, "k")
+        # One shared by all, or a few if takes were spread over several answers.
+        assert set(requested) == {session} and len(requested) < 10, len(requested)
+
+
+async def test_a_session_lost_here_is_revoked_in_etcd(etcd_provider: EtcdLeaseProvider) -> None:
+    """A session this process gave up (say etcd refused a put under it, or its renewals
+    came too late) is revoked: keys etcd may still keep on it would otherwise stand,
+    held by nobody, until its TTL ran out."""
+    p = etcd_provider
+    async with p.hold("k", "me", 3000) as lease:
+        kv = await p.client.range(p.etcd_key("k"))
+        assert kv is not None
+        session = p._sessions._sessions[p._ttl_s(3000)]
+        p._sessions.lose(session, "given up (test)")
+        await asyncio.wait_for(lease.lost.wait(), 5.0)
+        await settled(p)
+        assert (await p.client.time_to_live(kv.lease)).TTL == -1
+        assert await p.client.range(p.etcd_key("k")) is None
+
+
+async def test_closing_the_provider_revokes_its_session_leases(etcd: EtcdCluster) -> None:
+    prefix = unique_prefix()
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as observer:
+        async with EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as p:
+            async with p.hold("k", "me", 3000):
+                pass
+            sessions = await leases_of(p, "")  # none: the key went with its hold
+            session = next(iter(p._sessions._sessions.values())).lease_id
+            assert not sessions and (await observer.client.time_to_live(session)).TTL > 0
+        assert (await observer.client.time_to_live(session)).TTL == -1
