@@ -113,8 +113,9 @@ async def test_a_cancelled_hold_leaves_no_key_on_the_session(
 async def test_a_key_held_elsewhere_by_the_same_owner_moves_onto_the_session(
     etcd_provider: EtcdLeaseProvider,
 ) -> None:
-    first = await etcd_provider.acquire_lease("job", "me", 3000)
-    async with etcd_provider.hold("job", "me", 3000) as lease:
+    # A TTL no test waits out: the hold moves the tenure, never finds the key expired.
+    first = await etcd_provider.acquire_lease("job", "me", 60_000)
+    async with asyncio.timeout(20), etcd_provider.hold("job", "me", 3000) as lease:
         kv = await etcd_provider.client.range(etcd_provider.etcd_key("job"))
         assert kv is not None and is_session_lease(kv.lease)
         assert first.token is not None and lease.token > first.token  # a new tenure
@@ -487,3 +488,46 @@ async def test_closing_the_provider_revokes_its_session_leases(etcd: EtcdCluster
             session = next(iter(p._sessions._sessions.values())).lease_id
             assert not sessions and (await observer.client.time_to_live(session)).TTL > 0
         assert (await observer.client.time_to_live(session)).TTL == -1
+
+
+async def test_a_tenure_moved_onto_the_session_frees_the_lease_it_left(etcd: EtcdCluster) -> None:
+    """The same owner's tenure taken by another process moves onto this one's session:
+    the lease it left carries nothing any more and is revoked (not left to its TTL)."""
+    prefix = unique_prefix()
+    async with (
+        EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as p,
+        EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as elsewhere,
+    ):
+        await elsewhere.acquire_lease("job", "me", 60_000)
+        before = await p.client.range(p.etcd_key("job"))
+        assert before is not None
+        async with p.hold("job", "me", 3000):
+            await settled(p)
+            assert (await p.client.time_to_live(before.lease)).TTL == -1
+
+
+async def test_a_hold_cancelled_while_its_put_is_confirmed_leaves_no_key(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The put landed and the hold is cancelled while it waits for the session's renewal
+    (etcd slow to answer it): nobody holds the key, so it is deleted."""
+    p = etcd_provider
+    async with p.hold("warm", "me", 3000):  # the session exists already
+        pass
+    confirming = asyncio.Event()
+
+    async def confirm(*args: object) -> bool:
+        confirming.set()
+        await asyncio.sleep(60)  # the renewal's answer is slow: cancelled meanwhile
+        raise AssertionError("not cancelled")
+
+    monkeypatch.setattr(p._sessions, "confirm", confirm)
+    hold = asyncio.create_task(p.hold("k", "me", 3000).__aenter__())
+    await asyncio.wait_for(confirming.wait(), 5.0)
+    kv = await p.client.range(p.etcd_key("k"))
+    assert kv is not None and kv.value == b"me"  # the put landed
+    hold.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await hold
+    await settled(p)
+    assert await p.client.range(p.etcd_key("k")) is None
