@@ -22,6 +22,7 @@ from etcd_leases import (
 )
 from etcd_leases.etcd.keepalive import Renewal
 from etcd_leases.etcd.lease_ids import is_session_lease
+from etcd_leases.etcd.session import Session
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import etcd_error, settled, unique_prefix
@@ -530,4 +531,64 @@ async def test_a_hold_cancelled_while_its_put_is_confirmed_leaves_no_key(
     with pytest.raises(asyncio.CancelledError):
         await hold
     await settled(p)
+    assert await p.client.range(p.etcd_key("k")) is None
+
+
+def confirm_first_too_late(
+    p: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[], Awaitable[None]]
+) -> list[int]:
+    """The first put's confirmation comes after the session's deadline (etcd stalled:
+    the renewal asked with the put was answered too late), and ``meanwhile`` runs
+    before the take looks again. The revisions of the puts confirmed, in order."""
+    original = p._sessions.confirm
+    confirmed: list[int] = []
+
+    async def confirm(session: Session, renewal: asyncio.Future[Renewal], timeout: float) -> bool:
+        assert await original(session, renewal, timeout)
+        kv = await p.client.range(p.etcd_key("k"))
+        assert kv is not None
+        confirmed.append(kv.mod_revision)
+        if len(confirmed) > 1:
+            return True
+        await meanwhile()
+        return False
+
+    monkeypatch.setattr(p._sessions, "confirm", confirm)
+    return confirmed
+
+
+async def test_a_put_confirmed_too_late_is_written_again_if_still_ours(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tenure the put began may have ended unseen: the key, still ours, is written
+    again on a live session, a new tenure (a new token) the hold then keeps."""
+    p = etcd_provider
+
+    async def nothing() -> None:
+        pass
+
+    confirmed = confirm_first_too_late(p, monkeypatch, nothing)
+    async with p.hold("k", "me", 3000) as lease:
+        assert len(confirmed) == 2 and lease.token == confirmed[1] > confirmed[0]
+        kv = await p.client.range(p.etcd_key("k"))
+        assert kv is not None and kv.mod_revision == lease.token
+
+
+async def test_a_put_confirmed_too_late_and_gone_since_is_an_unknown_outcome(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key the put wrote was deleted before the take looked again: that tenure began
+    and ended; neither "acquired" nor "not acquired" is true."""
+    p = etcd_provider
+
+    async def deleted() -> None:
+        await p.client.call(
+            "/etcdserverpb.KV/DeleteRange",
+            pb.DeleteRangeRequest(key=p.etcd_key("k")),
+            pb.DeleteRangeResponse,
+        )
+
+    confirm_first_too_late(p, monkeypatch, deleted)
+    with pytest.raises(BackendUnavailable, match="outcome unknown"):
+        await p.hold("k", "me", 3000).__aenter__()
     assert await p.client.range(p.etcd_key("k")) is None
