@@ -21,6 +21,7 @@ from etcd_leases import (
     LeaseValueError,
 )
 from etcd_leases.etcd.keepalive import Renewal
+from etcd_leases.etcd.keeper import EtcdKeeper
 from etcd_leases.etcd.lease_ids import is_session_lease
 from etcd_leases.etcd.session import Session
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
@@ -592,3 +593,60 @@ async def test_a_put_confirmed_too_late_and_gone_since_is_an_unknown_outcome(
     with pytest.raises(BackendUnavailable, match="outcome unknown"):
         await p.hold("k", "me", 3000).__aenter__()
     assert await p.client.range(p.etcd_key("k")) is None
+
+
+def deletes(request: Message, key: bytes) -> bool:
+    """Whether ``request`` (a transaction, maybe nested in a batch) deletes ``key``."""
+    if not isinstance(request, pb.TxnRequest):
+        return False
+    return any(
+        (op.HasField("request_delete_range") and op.request_delete_range.key == key)
+        or (op.HasField("request_txn") and deletes(op.request_txn, key))
+        for op in request.success
+    )
+
+
+async def test_a_tenure_given_up_is_not_deleted_under_a_hold_taking_it(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hold whose key's watch failed gives its tenure up and deletes the key, unless a
+    hold of this process has that tenure: the same owner's next hold of the key, still
+    between its transaction and its return, is about to. Forced here: the watch fails
+    once that transaction is answered, and its answer waits for the delete (2 s at
+    most). Before, the delete compared only the tenure's revision and ended the tenure
+    the second hold then returned."""
+    p = etcd_provider
+    client, key = p.client, p.etcd_key("k")
+    original = client._attempt
+    taking, taken, delete_sent = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def attempt(
+        index: int, path: str, request: Message, response_type: type[Message], deadline: float
+    ) -> Message:
+        if path.endswith("/Txn") and deletes(request, key):
+            delete_sent.set()
+        answer = await original(index, path, request, response_type, deadline)
+        if path.endswith("/Txn") and puts(request, key) and taking.is_set():
+            taken.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(delete_sent.wait(), 2.0)
+        return answer
+
+    monkeypatch.setattr(client, "_attempt", attempt)
+    async with p.hold("k", "me", 3000) as first:
+        taking.set()
+        holding = p.hold("k", "me", 3000)
+        second = asyncio.create_task(holding.__aenter__())
+        await asyncio.wait_for(taken.wait(), 5.0)
+        keeper = first._keeper
+        assert isinstance(keeper, EtcdKeeper)
+        keeper._watch_failed(BackendUnavailable("the key's watch failed (test)"))
+        lease = await second
+        try:
+            assert lease.token == first.token  # the same tenure, shared
+            await settled(p)
+            kv = await client.range(key)
+            assert kv is not None and kv.mod_revision == lease.token, "deleted while held"
+            assert not lease.lost.is_set(), lease.lost_reason
+        finally:
+            await holding.__aexit__(None, None, None)
