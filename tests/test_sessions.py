@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 import grpc
 import grpc.aio
@@ -263,15 +264,26 @@ async def test_a_hold_that_failed_never_puts_its_key_later(
             assert not found.kvs, f"the failed hold put its key at revision {revision}"
 
 
-def puts(request: Message, key: bytes) -> bool:
-    """Whether ``request`` (a transaction, maybe nested in a batch) puts ``key``."""
+def writes(
+    request: Message, key: bytes, kind: Literal["request_put", "request_delete_range"]
+) -> bool:
+    """Whether ``request`` (a transaction, maybe nested in a batch) has an op of ``kind``
+    (``request_put``, ``request_delete_range``) on ``key`` among its success ops."""
     if not isinstance(request, pb.TxnRequest):
         return False
     return any(
-        (op.HasField("request_put") and op.request_put.key == key)
-        or (op.HasField("request_txn") and puts(op.request_txn, key))
+        (op.HasField(kind) and getattr(op, kind).key == key)
+        or (op.HasField("request_txn") and writes(op.request_txn, key, kind))
         for op in request.success
     )
+
+
+def puts(request: Message, key: bytes) -> bool:
+    return writes(request, key, "request_put")
+
+
+def deletes(request: Message, key: bytes) -> bool:
+    return writes(request, key, "request_delete_range")
 
 
 async def test_a_settlement_never_deletes_the_tenure_a_later_hold_is_taking(
@@ -593,17 +605,6 @@ async def test_a_put_confirmed_too_late_and_gone_since_is_an_unknown_outcome(
     with pytest.raises(BackendUnavailable, match="outcome unknown"):
         await p.hold("k", "me", 3000).__aenter__()
     assert await p.client.range(p.etcd_key("k")) is None
-
-
-def deletes(request: Message, key: bytes) -> bool:
-    """Whether ``request`` (a transaction, maybe nested in a batch) deletes ``key``."""
-    if not isinstance(request, pb.TxnRequest):
-        return False
-    return any(
-        (op.HasField("request_delete_range") and op.request_delete_range.key == key)
-        or (op.HasField("request_txn") and deletes(op.request_txn, key))
-        for op in request.success
-    )
 
 
 async def test_a_tenure_given_up_is_not_deleted_under_a_hold_taking_it(
