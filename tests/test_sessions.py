@@ -327,11 +327,7 @@ async def test_a_settlement_never_deletes_the_tenure_a_later_hold_is_taking(
             return await original(index, path, request, response_type, deadline)
 
         monkeypatch.setattr(client, "_attempt", attempt)
-        first = asyncio.create_task(p.hold("k", "me", 3000).__aenter__())
-        await asyncio.wait_for(first_landed.wait(), 5.0)
-        first.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await first
+        await hold_cancelled_when(p, first_landed)
         async with p.hold("k", "me", 3000) as lease:
             await settled(p)  # the settlement is done
             kv = await client.range(key)
@@ -384,12 +380,17 @@ async def interrupted_hold(
     async with p.hold("warm", "me", 3000):  # the session exists already
         pass
     monkeypatch.setattr(client, "_attempt", attempt)
+    await hold_cancelled_when(p, sent)
+    return landed
+
+
+async def hold_cancelled_when(p: EtcdLeaseProvider, event: asyncio.Event) -> None:
+    """Start a hold of ``k`` by ``me`` and cancel it once ``event`` is set."""
     hold = asyncio.create_task(p.hold("k", "me", 3000).__aenter__())
-    await asyncio.wait_for(sent.wait(), 5.0)
+    await asyncio.wait_for(event.wait(), 5.0)
     hold.cancel()
     with pytest.raises(asyncio.CancelledError):
         await hold
-    return landed
 
 
 async def no_wait(read: int) -> None:
