@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from etcd_leases import EtcdLeaseProvider
-from etcd_leases.errors import BackendError
+from etcd_leases.errors import BackendError, BackendUnavailable
 from etcd_leases.etcd.batch import TxnBatcher, written_keys
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.lease_ids import new_lease_id
@@ -20,6 +21,7 @@ from etcd_leases.etcd.txn import (
     range_is_empty,
     value_is,
 )
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from tests.conftest import unique_prefix
 
 
@@ -27,13 +29,41 @@ def create(key: bytes, value: bytes, lease: int = 0) -> Txn:
     return Txn.when(create_revision_is(key, 0)).then(put(key, value, lease)).otherwise(get(key))
 
 
-async def test_transactions_sent_together_each_get_their_own_answer(client: EtcdClient) -> None:
+def sent_requests(
+    client: EtcdClient,
+    monkeypatch: pytest.MonkeyPatch,
+    after_answer: Callable[[pb.TxnRequest], None] = lambda request: None,
+) -> list[pb.TxnRequest]:
+    """The transactions ``client`` sends from now on; ``after_answer(request)`` runs once
+    etcd has answered each, and may raise in place of the answer."""
+    sent: list[pb.TxnRequest] = []
+    original = client.txn
+
+    async def txn(request: pb.TxnRequest) -> pb.TxnResponse:
+        sent.append(request)
+        response = await original(request)
+        after_answer(request)
+        return response
+
+    monkeypatch.setattr(client, "txn", txn)
+    return sent
+
+
+def nested(request: pb.TxnRequest) -> bool:
+    return len(request.success) > 1 and request.success[0].HasField("request_txn")
+
+
+async def test_transactions_sent_together_each_get_their_own_answer(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     batcher = TxnBatcher(client, max_in_flight=1)
     prefix = unique_prefix().encode()
     await client.txn(create(prefix + b"taken", b"someone").request)
     keys = [prefix + b"k%d" % i for i in range(40)] + [prefix + b"taken"]
+    sent = sent_requests(client, monkeypatch)
     responses = await asyncio.gather(*(batcher.txn(create(k, b"me").request) for k in keys))
-    assert batcher.batches_sent >= 1  # they did not go one by one
+    # The first alone, the other 40 as one nested transaction answered as a whole.
+    assert [len(request.success) for request in sent] == [1, 40] and nested(sent[1])
     assert [r.succeeded for r in responses] == [True] * 40 + [False]
     assert responses[-1].responses[0].response_range.kvs[0].value == b"someone"
     assert all(r.header.revision > 0 for r in responses)
@@ -52,6 +82,48 @@ async def test_a_batch_etcd_refuses_is_sent_again_one_by_one(client: EtcdClient)
     assert isinstance(refused, BackendError) and client.is_lease_not_found(refused)
     assert all(not isinstance(r, BaseException) and r.succeeded for r in results)
     assert await client.range(prefix + b"bad") is None
+
+
+async def test_a_batch_whose_answer_is_lost_fails_every_caller_as_unavailable(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a lost answer to its own transaction would: each caller settles it alone."""
+
+    def lose_nested(request: pb.TxnRequest) -> None:
+        if nested(request):
+            raise BackendUnavailable("the batch's answer was lost (test)")
+
+    batcher = TxnBatcher(client, max_in_flight=1)
+    keys = [unique_prefix().encode() + b"k%d" % i for i in range(6)]
+    sent = sent_requests(client, monkeypatch, lose_nested)
+    calls = asyncio.gather(
+        *(batcher.txn(create(k, b"me").request) for k in keys), return_exceptions=True
+    )
+    results = await asyncio.wait_for(calls, 10.0)
+    assert [len(request.success) for request in sent] == [1, 5]  # nothing sent again
+    assert not isinstance(results[0], BaseException) and results[0].succeeded
+    assert all(isinstance(r, BackendUnavailable) for r in results[1:]), results
+    assert None not in [await client.range(k) for k in keys]  # the batch was applied
+
+
+async def test_a_batch_cancelled_on_its_way_cancels_its_callers(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def cancel_nested(request: pb.TxnRequest) -> None:
+        if nested(request):
+            raise asyncio.CancelledError
+
+    batcher = TxnBatcher(client, max_in_flight=1)
+    keys = [unique_prefix().encode() + b"k%d" % i for i in range(4)]
+    sent_requests(client, monkeypatch, cancel_nested)
+    calls = [asyncio.ensure_future(batcher.txn(create(k, b"me").request)) for k in keys]
+    await asyncio.wait(calls, timeout=10.0)
+    assert all(call.done() for call in calls)
+    assert not calls[0].cancelled() and calls[0].result().succeeded
+    assert all(call.cancelled() for call in calls[1:])
+    # The batcher goes on: its slot in flight was given back.
+    again = await asyncio.wait_for(batcher.txn(create(keys[0], b"x").request), 5.0)
+    assert not again.succeeded  # keys[0] exists: the first call created it
 
 
 async def test_two_writes_of_one_key_never_share_a_batch(client: EtcdClient) -> None:

@@ -31,6 +31,28 @@ async def test_tls_with_client_certificates(etcd_binary: str) -> None:
                 await plain.get_lease_owner("k")
 
 
+async def test_tls_files_from_etcdctl_variables(
+    etcd_binary: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``from_env`` takes the endpoints and the three TLS files from etcdctl's variables."""
+    with EtcdCluster(1, binary=etcd_binary, tls=True, client_cert_auth=True) as etcd:
+        monkeypatch.setenv("ETCDCTL_ENDPOINTS", ",".join(etcd.client_urls))
+        monkeypatch.setenv("ETCDCTL_CACERT", etcd.ca_cert)
+        monkeypatch.setenv("ETCDCTL_CERT", etcd.client_cert)
+        monkeypatch.setenv("ETCDCTL_KEY", etcd.client_key)
+        async with EtcdLeaseProvider.from_env() as provider:
+            assert (await provider.acquire_lease("k", "alice", 5000)).acquired
+            assert await provider.get_lease_owner("k") == "alice"
+        # Without the CA the server is not trusted; without cert and key etcd refuses us.
+        for missing in (["ETCDCTL_CACERT"], ["ETCDCTL_CERT", "ETCDCTL_KEY"]):
+            with monkeypatch.context() as without:
+                for variable in missing:
+                    without.delenv(variable)
+                async with EtcdLeaseProvider.from_env(timeout=1.0) as refused:
+                    with pytest.raises(LeaseError):
+                        await refused.get_lease_owner("k")
+
+
 @pytest.fixture
 def auth_etcd(etcd_binary: str) -> Iterator[EtcdCluster]:
     """etcd with auth on, tokens living one second, and a user limited to /allowed/."""
@@ -51,6 +73,30 @@ async def test_auth_with_password(auth_etcd: EtcdCluster) -> None:
         assert await provider.renew_lease("k", "alice", 5000)
         await provider.release_lease("k", "alice")
         assert await provider.get_lease_owner("k") is None
+
+
+async def test_user_and_prefix_from_etcdctl_variables(
+    auth_etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``from_env`` logs in as ``ETCDCTL_USER`` (``name:password``, the password may hold
+    a colon) under ``ETCD_LEASES_PREFIX``; keyword arguments win over the variables."""
+    root = "--user=root:rootpw"
+    auth_etcd.etcdctl(root, "user", "add", "colon", "--new-user-password=a:pw")
+    auth_etcd.etcdctl(root, "user", "grant-role", "colon", "app")
+    monkeypatch.setenv("ETCDCTL_ENDPOINTS", auth_etcd.endpoint_string)
+    monkeypatch.setenv("ETCDCTL_USER", "colon:a:pw")
+    monkeypatch.setenv("ETCD_LEASES_PREFIX", "/allowed/")
+    async with EtcdLeaseProvider.from_env(timeout=2.0) as provider:
+        assert provider.prefix == "/allowed/"
+        assert (await provider.acquire_lease("k", "alice", 5000)).acquired
+        assert await provider.get_lease_owner("k") == "alice"
+    async with EtcdLeaseProvider.from_env(prefix="/elsewhere/", timeout=2.0) as outside:
+        with pytest.raises(PermissionDenied):
+            await outside.get_lease_owner("k")
+    monkeypatch.setenv("ETCDCTL_USER", "colon:a")
+    async with EtcdLeaseProvider.from_env(timeout=2.0) as wrong_password:
+        with pytest.raises(PermissionDenied):
+            await wrong_password.get_lease_owner("k")
 
 
 async def test_auth_refusals_are_permission_denied(auth_etcd: EtcdCluster) -> None:
