@@ -218,7 +218,7 @@ def test_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert provider.client.endpoints == ["10.0.0.1:2379", "10.0.0.2:2379"]
     assert provider.prefix == "/mine/" and provider.client.timeout == 2.0
     monkeypatch.setenv("ETCDCTL_USER", "no-password")
-    with pytest.raises(LeaseValueError, match="^ETCDCTL_USER must be name:password$"):
+    with pytest.raises(LeaseValueError, match=r"^ETCDCTL_USER must be name:password$"):
         EtcdLeaseProvider.from_env()
 
 
