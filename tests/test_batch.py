@@ -9,7 +9,14 @@ import pytest
 
 from etcd_leases import EtcdLeaseProvider
 from etcd_leases.errors import BackendError, BackendUnavailable
-from etcd_leases.etcd.batch import TxnBatcher, written_keys
+from etcd_leases.etcd.batch import (
+    MAX_BATCH_BYTES,
+    MAX_TXN_OPS,
+    TxnBatcher,
+    compared,
+    most_ops,
+    written_keys,
+)
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.etcd.txn import (
@@ -210,3 +217,114 @@ async def test_a_range_compare_shares_a_batch_only_with_writes_outside_the_range
         assert [r.succeeded for r in responses] == [True, True, released]
     # The first rounds' last two went as one batch each; the last round's could not.
     assert batcher.batches_sent == 2
+
+
+def test_what_a_transaction_writes_and_compares_counts_its_nested_ones() -> None:
+    inner = Txn.when(value_is(b"c1", b"x"), range_is_empty(b"r/", b"r0"))
+    inner = inner.then(put(b"w1", b"v")).otherwise(delete(b"w2"))
+    outer = Txn.when(value_is(b"c0", b"y"), range_is_empty(b"s/", b"s0"))
+    outer = outer.then(put(b"w0", b"v"), pb.RequestOp(request_txn=inner.request))
+    outer = outer.otherwise(delete(b"w3"))
+    assert written_keys(outer.request) == {b"w0", b"w1", b"w2", b"w3"}
+    keys, ranges = compared(outer.request)
+    assert keys == {b"c0", b"c1"} and ranges == [(b"s/", b"s0"), (b"r/", b"r0")]
+
+
+def test_a_transactions_ops_are_its_longest_branch_or_its_compares() -> None:
+    ops = [put(b"k%d" % i, b"v") for i in range(3)]
+    compares = [value_is(b"k%d" % i, b"v") for i in range(3)]
+    assert most_ops(Txn.when(compares[0]).then(*ops).request) == 3
+    assert most_ops(Txn.when(compares[0]).otherwise(*ops).request) == 3
+    assert most_ops(Txn.when(*compares).then(ops[0]).request) == 3
+
+
+async def batches_of(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch, steps: list[Txn]
+) -> tuple[list[int], list[pb.TxnResponse]]:
+    """Send ``steps`` at once through a batcher with one request in flight (the first
+    step goes alone); how many transactions each request carried, and the answers."""
+    batcher = TxnBatcher(client, max_in_flight=1)
+    sent = sent_requests(client, monkeypatch)
+    responses = await asyncio.gather(*(batcher.txn(step.request) for step in steps))
+    return [len(r.success) if nested(r) else 1 for r in sent], responses
+
+
+async def test_a_batch_holds_as_many_as_etcds_op_limit_allows(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd's --max-txn-ops (128) counts a nested transaction's members with the ops of
+    its longest branch: beside one of 100 ops, 27 more fit, and etcd takes them."""
+    prefix = unique_prefix().encode()
+    wide = Txn.when().then(*(put(prefix + b"w%d" % i, b"v") for i in range(100)))
+    singles = [Txn.when().then(put(prefix + b"s%d" % i, b"v")) for i in range(40)]
+    first = Txn.when().then(put(prefix + b"first", b"v"))
+    counts, responses = await batches_of(client, monkeypatch, [first, wide, *singles])
+    assert counts == [1, MAX_TXN_OPS - 100, 41 - (MAX_TXN_OPS - 100)]  # none sent again
+    assert all(r.succeeded for r in responses)
+
+
+async def test_a_batch_stays_under_its_size_limit(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Members up to ``MAX_BATCH_BYTES`` together share a batch; one byte more waits."""
+    prefix = unique_prefix().encode()
+
+    def sized(name: bytes, size: int) -> Txn:
+        """A put of ``name`` whose request is ``size`` bytes."""
+        # Each byte of value is a byte of request, but for the lengths' varints.
+        base = Txn.when().then(put(prefix + name, b"")).request.ByteSize()
+        for length in range(size - base, size - base - 16, -1):
+            txn = Txn.when().then(put(prefix + name, b"x" * length))
+            if txn.request.ByteSize() == size:
+                return txn
+        raise AssertionError(f"no put of {size} bytes")
+
+    first = Txn.when().then(put(prefix + b"first", b"v"))
+    small = [sized(b"a", 300), sized(b"b", 400)]
+    counts, _ = await batches_of(
+        client, monkeypatch, [first, *small, sized(b"fits", MAX_BATCH_BYTES - 700)]
+    )
+    assert counts == [1, 3]
+    counts, _ = await batches_of(
+        client, monkeypatch, [first, *small, sized(b"over", MAX_BATCH_BYTES - 699)]
+    )
+    assert counts[1:] == [2, 1]
+
+
+@pytest.mark.parametrize("direction", ["written, then compared", "compared, then written"])
+async def test_no_batch_holds_a_key_both_written_and_compared(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch, direction: str
+) -> None:
+    """Whichever comes first, and however many members stand between them (each
+    member's keys count, not only the last one's); ranges alike."""
+    prefix = unique_prefix().encode()
+    first = Txn.when().then(put(prefix + b"first", b"v"))
+    writes = [
+        Txn.when().then(put(prefix + b"k", b"v")),
+        Txn.when().then(put(prefix + b"r/1", b"v")),
+        Txn.when().then(put(prefix + b"other", b"v")),
+    ]
+    compares = [
+        Txn.when(value_is(prefix + b"k", b"v")).then(put(prefix + b"x1", b"v")),
+        Txn.when(range_is_empty(prefix + b"r/", prefix + b"r0")).then(put(prefix + b"x2", b"v")),
+        Txn.when(value_is(prefix + b"else", b"v")).then(put(prefix + b"x3", b"v")),
+    ]
+    steps = writes + compares if direction.startswith("written") else compares + writes
+    counts, _ = await batches_of(client, monkeypatch, [first, *steps])
+    # The third of each kind touches nothing the others do, so it joins the first batch.
+    assert counts == [1, 4, 2]
+
+
+async def test_a_cancelled_caller_leaves_the_batch_to_the_others(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = unique_prefix().encode()
+    batcher = TxnBatcher(client, max_in_flight=1)
+    sent = sent_requests(client, monkeypatch)
+    steps = [Txn.when().then(put(prefix + b"k%d" % i, b"v")) for i in range(5)]
+    calls = [asyncio.ensure_future(batcher.txn(step.request)) for step in steps]
+    await asyncio.sleep(0)  # all five have started: the first is in flight
+    calls[2].cancel()
+    await asyncio.gather(*calls, return_exceptions=True)
+    assert [len(r.success) if nested(r) else 1 for r in sent] == [1, 3]
+    assert await client.range(prefix + b"k2") is None

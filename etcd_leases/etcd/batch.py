@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from etcd_leases.errors import BackendError, BackendUnavailable, PermissionDenied
 from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.tasks import BackgroundTasks
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 # etcd's default --max-txn-ops. A nested transaction may have at most this many ops,
@@ -136,7 +137,7 @@ class TxnBatcher:
         self._max_in_flight = max_in_flight
         self._in_flight = 0
         self._queue: deque[_Waiting] = deque()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._sends = BackgroundTasks()
         self.batches_sent = 0  # requests of more than one transaction (for tests)
 
     async def txn(self, request: pb.TxnRequest) -> pb.TxnResponse:
@@ -166,9 +167,7 @@ class TxnBatcher:
             if not batch:
                 continue
             self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._send(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._sends.start(self._send(batch))
 
     def _next_batch(self) -> list[_Waiting]:
         batch = _Batch()
