@@ -14,12 +14,13 @@ from etcd_leases import (
     EtcdLeaseProvider,
     LeaseLost,
     LeaseValueError,
+    OwnerState,
     ProviderClosed,
 )
 from etcd_leases.etcd.keeper import EtcdKeeper
 from etcd_leases.etcd.members import parse_endpoints
 from etcd_leases.etcd.pool import Grant
-from etcd_leases.etcd.txn import Txn, put
+from etcd_leases.etcd.txn import Txn, delete, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import assert_no_lease_leaked, settled, unique_prefix
@@ -411,6 +412,28 @@ async def test_a_one_second_lease_goes_back_to_the_pool_and_is_taken_again(
     assert leases[1] == leases[2], leases
 
 
+async def test_a_free_one_second_lease_is_kept_by_the_pool_and_a_retired_one_forgotten(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """The pool's renewals of a free 1 s lease answer TTL 1: alive, kept for the next
+    acquire however long it waits. A lease revoked by a one-shot's release is no
+    carrier of anything any more."""
+    provider, key = etcd_provider, etcd_provider.etcd_key("short")
+    await provider.acquire_lease("short", "alice", 1000)
+    retired = provider._pool.carrier(key, b"alice")
+    await provider.release_lease("short", "alice")  # so far a one-shot: its lease revoked
+    assert retired is not None and retired not in await provider.client.leases()
+    assert provider._pool.carrier(key, b"alice") is None
+    await provider.acquire_lease("short", "alice", 1000)
+    await provider.release_lease("short", "alice")  # now back to the pool
+    free = provider._pool.free_lease_ids()
+    await asyncio.sleep(3.0)  # three TTLs: only the pool's renewals keep them
+    assert provider._pool.free_lease_ids() == free
+    assert (await provider.acquire_lease("short", "alice", 1000)).acquired
+    kv = await provider.client.range(key)
+    assert kv is not None and kv.lease in free
+
+
 async def test_cancelled_acquires_leave_no_lease_behind(etcd_binary: str) -> None:
     # An etcd of its own: a lease another test's provider granted in the background as
     # it closed (left to expire) would count here as this test's leak.
@@ -445,6 +468,27 @@ async def test_a_fresh_process_renewing_under_the_server_minimum_keeps_the_token
             assert await fresh.renew_lease("k", "a", 1000)
             again = await fresh.acquire_lease("k", "a", 1000)
             assert again.token == held.token and again.ttl_ms == 2000
+
+
+async def test_watch_owner_reports_every_change_in_order(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """Each owner the key had after the first read, with its token, even when etcd
+    delivers the changes together in one batch (as the memory backend reports them)."""
+    client, key = etcd_provider.client, etcd_provider.etcd_key("k")
+    await client.txn(Txn.when().then(put(key, b"X")).request)
+    states = etcd_provider.watch_owner("k")
+    assert (await anext(states)).owner == "X"
+    expected = []
+    for value in (b"A", b"B", None, b"C"):
+        op = delete(key) if value is None else put(key, value)
+        revision = (await client.txn(Txn.when().then(op).request)).header.revision
+        expected.append(
+            OwnerState(None, None) if value is None else OwnerState(value.decode(), revision)
+        )
+    seen = [await asyncio.wait_for(anext(states), 5.0) for _ in expected]
+    await states.aclose()
+    assert seen == expected
 
 
 async def test_watch_owner_never_goes_back_after_a_compaction(
