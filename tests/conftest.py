@@ -159,11 +159,17 @@ def unique_prefix() -> str:
 
 
 async def assert_no_lease_leaked(provider: EtcdLeaseProvider, before: set[int]) -> None:
-    """Every lease beside ``before`` is free in the provider's pool: alive, carrying no key."""
-    left = set(await provider.client.leases()) - before
+    """Every lease beside ``before`` is free in the provider's pool: alive, carrying no
+    key; and the pool's books name no lease etcd no longer has."""
+    alive = set(await provider.client.leases())
+    left = alive - before
     assert left <= provider._pool.free_lease_ids(), "a lease leaked"
     for lease in left:
         assert not (await provider.client.time_to_live(lease, keys=True)).keys
+    # Nor do the pool's books keep leases that are gone (they would grow without end).
+    pool = provider._pool
+    books = {*pool._out, *pool._unsettled, *pool._tainted, *pool._carrying}
+    assert books | set(pool._carrier_of.values()) <= alive, "the pool's books name gone leases"
 
 
 async def assert_freed(

@@ -434,6 +434,23 @@ async def test_a_free_one_second_lease_is_kept_by_the_pool_and_a_retired_one_for
     assert kv is not None and kv.lease in free
 
 
+async def test_a_free_lease_revoked_behind_the_pools_back_is_dropped_by_its_renewal(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """An operator's ``etcdctl lease revoke`` (or etcd's own, see bug 15247) of a free
+    lease: the pool's next renewal hears it gone and hands it out no more."""
+    provider = etcd_provider
+    for _ in range(2):  # the second release gives its lease back to the pool
+        await provider.acquire_lease("short", "alice", 1000)
+        await provider.release_lease("short", "alice")
+    (revoked, *_) = provider._pool.free_lease_ids()
+    assert await provider.client.revoke(revoked)
+    deadline = time.monotonic() + 10
+    while revoked in provider._pool.free_lease_ids():
+        assert time.monotonic() < deadline, "the revoked lease stayed in the pool"
+        await asyncio.sleep(0.05)
+
+
 async def test_cancelled_acquires_leave_no_lease_behind(etcd_binary: str) -> None:
     # An etcd of its own: a lease another test's provider granted in the background as
     # it closed (left to expire) would count here as this test's leak.
