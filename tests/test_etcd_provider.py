@@ -426,6 +426,7 @@ async def test_a_free_one_second_lease_is_kept_by_the_pool_and_a_retired_one_for
     assert provider._pool.carrier(key, b"alice") is None
     await provider.acquire_lease("short", "alice", 1000)
     await provider.release_lease("short", "alice")  # now back to the pool
+    assert provider._pool.carrier(key, b"alice") is None
     free = provider._pool.free_lease_ids()
     await asyncio.sleep(3.0)  # three TTLs: only the pool's renewals keep them
     assert provider._pool.free_lease_ids() == free
@@ -449,6 +450,63 @@ async def test_a_free_lease_revoked_behind_the_pools_back_is_dropped_by_its_rene
     while revoked in provider._pool.free_lease_ids():
         assert time.monotonic() < deadline, "the revoked lease stayed in the pool"
         await asyncio.sleep(0.05)
+
+
+async def test_a_lease_given_back_after_a_lost_race_makes_the_pool_keep_leases(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """A process whose attempt lost (its lease came back unused) and that acquired
+    after that is no one-shot: its releases give their leases back to the pool."""
+    provider = etcd_provider
+    assert (await provider.acquire_lease("taken", "alice", 5000)).acquired
+    assert not (await provider.acquire_lease("taken", "bob", 5000)).acquired
+    assert (await provider.acquire_lease("mine", "bob", 5000)).acquired
+    kv = await provider.client.range(provider.etcd_key("mine"))
+    assert kv is not None
+    await provider.release_lease("mine", "bob")
+    assert kv.lease in provider._pool.free_lease_ids()
+    assert kv.lease in await provider.client.leases()
+
+
+async def test_a_lease_granted_ahead_as_the_provider_closes_is_revoked(
+    etcd_binary: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
+            for _ in range(2):  # a lease back in the pool
+                await provider.acquire_lease("k", "alice", 5000)
+                await provider.release_lease("k", "alice")
+            grant = provider._pool._grant
+
+            async def slow_grant(ttl_s: int) -> Grant:
+                await asyncio.sleep(0.5)  # still under way when the provider closes
+                return await grant(ttl_s)
+
+            monkeypatch.setattr(provider._pool, "_grant", slow_grant)
+            await provider.acquire_lease("k", "alice", 5000)  # takes the last: one ahead
+            await provider.release_lease("k", "alice")
+        async with EtcdLeaseProvider(etcd.endpoints) as look:
+            assert await look.client.leases() == []
+
+
+async def test_less_than_etcds_least_ttl_is_granted_and_pooled_as_etcd_grants_it(
+    etcd_binary: str,
+) -> None:
+    """On a server with the default election timeout (1 s) etcd grants 2 s for 1 s
+    asked: the pool files, reuses and grants ahead its leases by the TTL granted."""
+    with EtcdCluster(1, binary=etcd_binary, raft_timing=(100, 1000)) as etcd:
+        async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
+            leases = set()
+            for _ in range(4):
+                taken = await provider.acquire_lease("k", "alice", 1000)
+                assert taken.acquired and taken.ttl_ms == 2000  # as granted
+                kv = await provider.client.range(provider.etcd_key("k"))
+                assert kv is not None
+                assert (await provider.client.time_to_live(kv.lease)).grantedTTL == 2
+                leases.add(kv.lease)
+                await provider.release_lease("k", "alice")
+            await settled(provider)
+            assert len(leases) < 4  # reused from the pool
 
 
 async def test_cancelled_acquires_leave_no_lease_behind(etcd_binary: str) -> None:
