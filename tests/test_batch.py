@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from etcd_leases import EtcdLeaseProvider
-from etcd_leases.errors import BackendError, BackendUnavailable
+from etcd_leases.errors import BackendError, BackendUnavailable, ProviderClosed
 from etcd_leases.etcd.batch import (
     MAX_BATCH_BYTES,
     MAX_TXN_OPS,
@@ -131,6 +131,20 @@ async def test_a_batch_cancelled_on_its_way_cancels_its_callers(
     # The batcher goes on: its slot in flight was given back.
     again = await asyncio.wait_for(batcher.txn(create(keys[0], b"x").request), 5.0)
     assert not again.succeeded  # keys[0] exists: the first call created it
+
+
+async def test_a_batch_whose_client_closed_fails_each_caller_as_closed(
+    client: EtcdClient,
+) -> None:
+    """The provider closing under waiting transactions: each caller is told, and the
+    batch's send ends there (it used to fail on, a task failure logged as an error)."""
+    batcher = TxnBatcher(client, max_in_flight=1)
+    keys = [unique_prefix().encode() + b"k%d" % i for i in range(4)]
+    calls = [asyncio.ensure_future(batcher.txn(create(k, b"me").request)) for k in keys]
+    await asyncio.sleep(0)  # the first is on its way, the others wait for it
+    await client.close()
+    results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10.0)
+    assert all(isinstance(r, ProviderClosed) for r in results[1:]), results
 
 
 async def test_two_writes_of_one_key_never_share_a_batch(client: EtcdClient) -> None:

@@ -207,9 +207,12 @@ class TxnBatcher:
             await asyncio.gather(*(self._answer(waiting) for waiting in batch))
             return
         except BaseException as exc:
+            # Each caller has its error; only a cancellation goes on up.
             for waiting in batch:
                 _fail(waiting, exc)
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            return
         for waiting, op in zip(batch, response.responses, strict=True):
             inner = op.response_txn
             inner.header.CopyFrom(response.header)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from etcd_leases.errors import LeaseError
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.keepalive import KeepAliveLoop
-from etcd_leases.etcd.tasks import BackgroundTasks
+from etcd_leases.etcd.tasks import BackgroundTasks, log_if_failed
 
 # A free lease with less than this share of its TTL known left is not handed out:
 # its renewal is overdue, something is wrong with it or with the stream.
@@ -260,6 +260,7 @@ class LeasePool:
             self._sweeper = asyncio.get_running_loop().create_task(
                 self._sweep(), name="etcd-leases lease pool sweeper"
             )
+            self._sweeper.add_done_callback(log_if_failed)
 
     async def _sweep(self) -> None:
         """Renew the free leases that aged, until none is left."""
