@@ -147,6 +147,26 @@ async def test_an_acquire_after_a_release_with_no_answer_begins_another_tenure(
         assert len(provider._late_releases) == 0, "an answered release settled it"
 
 
+async def test_an_answered_release_settles_the_one_with_no_answer_before_it(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release with no answer, then one answered (nothing between): the key is free,
+    and nothing is remembered of the first (100,000 keys would keep their entries)."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
+        await past_one_shot(provider)
+        assert (await provider.acquire_lease("k", "me", TTL_MS)).acquired
+        withheld: list[Attempt] = []
+        with monkeypatch.context() as patch:
+            lose_answers(provider, patch, withheld=withheld, every_copy=True)
+            with pytest.raises(BackendUnavailable):
+                await provider.release_lease("k", "me")
+        assert len(provider._late_releases) == 1
+        await provider.release_lease("k", "me")
+        assert len(provider._late_releases) == 0
+        assert await provider.get_lease_owner("k") is None
+        await apply_late(provider, withheld)
+
+
 async def test_a_release_ends_a_tenure_begun_where_its_client_did_not_see_it(
     etcd: EtcdCluster,
 ) -> None:

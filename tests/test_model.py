@@ -255,10 +255,19 @@ def test_bad_owners_are_refused_before_anything_is_sent(nowhere: list[str], owne
     assert errors == [error, error]
 
 
+TTL_CALLS: dict[str, Callable[[LeaseProvider, Any], Awaitable[Any]]] = {
+    "acquire": lambda p, ttl: p.acquire_lease("k", "alice", ttl),
+    "renew": lambda p, ttl: p.renew_lease("k", "alice", ttl),
+    "transfer": lambda p, ttl: p.transfer_lease("k", "alice", "bob", ttl),
+}
+
+
 @FUZZ
-@given(ttl=bad_ttls)
-def test_bad_ttls_are_refused_before_anything_is_sent(nowhere: list[str], ttl: object) -> None:
-    errors = refused(lambda p: p.renew_lease("k", "alice", ttl), nowhere)  # type: ignore[arg-type]
+@given(ttl=bad_ttls, call=st.sampled_from(sorted(TTL_CALLS)))
+def test_bad_ttls_are_refused_before_anything_is_sent(
+    nowhere: list[str], ttl: object, call: str
+) -> None:
+    errors = refused(lambda p: TTL_CALLS[call](p, ttl), nowhere)
     assert errors == [ttl_error(ttl)] * 2
 
 

@@ -15,7 +15,6 @@ ID, revokes and keep-alives. A transaction whose outcome is unknown surfaces as
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -340,9 +339,14 @@ class EtcdClient:
         return True
 
     async def revoke_quietly(self, lease_id: int) -> None:
-        """Revoke, best effort: an unreachable or closed cluster lets it expire instead."""
-        with contextlib.suppress(BackendUnavailable, ProviderClosed):
+        """Revoke, best effort: an unreachable or closed cluster lets it expire instead,
+        and so does one that refuses (credentials revoked, say), with a warning."""
+        try:
             await self.revoke(lease_id)
+        except (BackendUnavailable, ProviderClosed):
+            pass
+        except LeaseError as exc:
+            _log.warning("lease %x not revoked (it expires with its TTL): %s", lease_id, exc)
 
     async def time_to_live(
         self, lease_id: int, *, keys: bool = False
