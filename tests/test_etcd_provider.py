@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 
 import pytest
@@ -23,7 +24,7 @@ from etcd_leases.etcd.pool import Grant
 from etcd_leases.etcd.txn import Txn, delete, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import assert_no_lease_leaked, settled, unique_prefix
+from tests.conftest import assert_no_lease_leaked, past_one_shot, settled, unique_prefix
 
 
 async def test_value_is_the_owner_under_the_prefix(
@@ -508,6 +509,72 @@ async def test_less_than_etcds_least_ttl_is_granted_and_pooled_as_etcd_grants_it
                 await provider.release_lease("k", "alice")
             await settled(provider)
             assert len(leases) < 4  # reused from the pool
+
+
+async def test_the_pools_trim_keeps_what_recent_use_needed_and_forgets_expired_tenures(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """Every 30 s (forced here) the pool revokes the free leases beyond the most taken
+    at once since the last trim (keeping two), and forgets the leases of tenures that
+    expired without this process; a live tenure's lease stays its own."""
+    provider, client, pool = etcd_provider, etcd_provider.client, etcd_provider._pool
+    await past_one_shot(provider)
+    burst = [f"burst{i}" for i in range(8)]
+    await asyncio.gather(*(provider.acquire_lease(k, "me", 3000) for k in burst))
+    await asyncio.gather(*(provider.release_lease(k, "me") for k in burst))
+    await settled(provider)
+    free = pool.free_lease_ids()
+    assert len(free) >= 8
+
+    async def lease_of(key: str) -> int:
+        kv = await client.range(provider.etcd_key(key))
+        assert kv is not None
+        return kv.lease
+
+    await provider.acquire_lease("expiring", "me", 1000)
+    expiring = await lease_of("expiring")
+    await provider.acquire_lease("alive", "me", 30_000)
+    alive = await lease_of("alive")
+    deadline = time.monotonic() + 10
+    while await provider.get_lease_owner("expiring") is not None:
+        assert time.monotonic() < deadline, "the 1 s tenure never expired"
+        await asyncio.sleep(0.1)
+
+    async def trim_then_use_one() -> None:
+        pool._trimmed_at = -math.inf  # the next take trims
+        await provider.acquire_lease("one", "me", 3000)
+        await provider.release_lease("one", "me")
+        await settled(provider)
+
+    await trim_then_use_one()  # the burst was the most taken at once: all kept
+    assert free <= pool.free_lease_ids()
+    assert expiring not in pool._out and alive in pool._out
+    await trim_then_use_one()  # since the last trim, one at most: two kept
+    kept = pool.free_lease_ids()
+    assert len(kept) == 2
+    assert not (free - kept) & set(await client.leases()), "trimmed leases not revoked"
+    await provider.release_lease("alive", "me")
+    assert alive in pool.free_lease_ids()
+
+
+async def test_a_free_lease_past_its_freshness_is_revoked_not_handed_out(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """A free lease whose renewal is overdue (less than half its TTL known left) is
+    not trusted with a tenure: revoked, and another granted."""
+    provider, pool = etcd_provider, etcd_provider._pool
+    await past_one_shot(provider)
+    await provider.acquire_lease("k", "me", 3000)
+    await provider.release_lease("k", "me")
+    (stale,) = pool.free_lease_ids()
+    assert pool._sweeper is not None
+    pool._sweeper.cancel()  # its renewals stop
+    await asyncio.sleep(2.0)  # past half its 3 s, before etcd's expiry
+    assert (await provider.acquire_lease("k", "me", 3000)).acquired
+    kv = await provider.client.range(provider.etcd_key("k"))
+    assert kv is not None and kv.lease != stale
+    await settled(provider)
+    assert stale not in await provider.client.leases()
 
 
 async def test_cancelled_acquires_leave_no_lease_behind(etcd_binary: str) -> None:
