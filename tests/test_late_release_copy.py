@@ -136,9 +136,15 @@ async def test_an_acquire_after_a_release_with_no_answer_begins_another_tenure(
             with pytest.raises(BackendUnavailable):
                 await provider.release_lease("k", "me")
         assert is_revoke(withheld[0][1]) == (caller == "one-shot")
+        before = await provider.client.range(provider.etcd_key("k"))
         again = await provider.acquire_lease("k", "me", TTL_MS)
         assert again.acquired and again.token is not None and first.token is not None
         assert again.token > first.token, "the tenure a pending release may end"
+        # Moved onto another lease at once: the key was never free in between (not
+        # re-created once the first tenure ran out).
+        after = await provider.client.range(provider.etcd_key("k"))
+        assert before is not None and after is not None
+        assert after.create_revision == before.create_revision
         await apply_late(provider, withheld)
         assert await provider.get_lease_owner("k") == "me", "a late release took it"
         # The tenure begun past the release's reach is an ordinary one: kept as it is.
