@@ -33,7 +33,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-from etcd_leases.errors import BackendError, BackendUnavailable, PermissionDenied
+from etcd_leases.errors import BackendError, PermissionDenied
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.tasks import BackgroundTasks
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
@@ -198,16 +198,13 @@ class TxnBatcher:
         nested = pb.TxnRequest(success=[pb.RequestOp(request_txn=w.request) for w in batch])
         try:
             response = await self._client.txn(nested)
-        except BackendUnavailable as exc:
-            for waiting in batch:
-                _fail(waiting, exc)
-            return
         except (BackendError, PermissionDenied):
             # Refused as a whole: let each transaction earn its own answer.
             await asyncio.gather(*(self._answer(waiting) for waiting in batch))
             return
         except BaseException as exc:
-            # Each caller has its error; only a cancellation goes on up.
+            # Each caller has its error (unavailable for a lost answer, as its own
+            # transaction's would be); only a cancellation goes on up.
             for waiting in batch:
                 _fail(waiting, exc)
             if not isinstance(exc, Exception):
