@@ -49,6 +49,8 @@ class Finding:
     kind: str
     key: str
     detail: str
+    #: The stretch of time whose history explains it (printed with the summary).
+    around: tuple[float, float] | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -59,6 +61,8 @@ class Report:
     #: Not safety, but worth reading (liveness, notes).
     notes: list[Finding] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
+    #: The history around the first violations: what a failed CI run leaves to read.
+    context: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         lines = [f"{name}: {value}" for name, value in self.figures.items()]
@@ -69,7 +73,7 @@ class Report:
         ):
             lines.append(f"{title}: {len(findings)}")
             lines += [f"  [{f.kind}] key={f.key!r}: {f.detail}" for f in findings[:20]]
-        return "\n".join(lines)
+        return "\n".join(lines + self.context)
 
 
 @dataclass
@@ -138,26 +142,45 @@ def _recent_stall(faults: Sequence[Record], at: float) -> Record | None:
 class Sent:
     """The revokes and deletes the workers' library sent: a loss it caused is ours."""
 
-    revoked: dict[int, float]
-    deleted: dict[str, list[float]]
+    revoked: dict[int, tuple[float, str]]
+    deleted: dict[str, list[tuple[float, str]]]
 
     @classmethod
     def of(cls, records: Sequence[Record]) -> Sent:
-        revoked: dict[int, float] = {}
-        deleted: dict[str, list[float]] = defaultdict(list)
+        revoked: dict[int, tuple[float, str]] = {}
+        deleted: dict[str, list[tuple[float, str]]] = defaultdict(list)
         for record in records:
             if record["op"] == "sent_revoke":
-                revoked.setdefault(record["lease"], record["at"])
+                revoked.setdefault(record["lease"], (record["at"], record["worker"]))
             elif record["op"] == "sent_delete":
-                deleted[record["key"]].append(record["at"])
+                deleted[record["key"]].append((record["at"], record["worker"]))
         return cls(revoked, deleted)
 
-    def before(self, tenure: Tenure, at: float) -> bool:
-        """Whether the library revoked the tenure's lease or deleted its key before ``at``
-        (after the tenure began); an unknown lease is never excused."""
-        if not tenure.lease or self.revoked.get(tenure.lease, math.inf) < at:
-            return True
-        return any(tenure.acquired_at <= t < at for t in self.deleted.get(tenure.key, []))
+    def before(self, tenure: Tenure, at: float) -> str | None:
+        """What the library sent that could have ended the tenure before ``at`` (its
+        lease revoked, its key deleted after the tenure began), or None; an unknown
+        lease is never excused."""
+        if not tenure.lease:
+            return "its lease is unknown"
+        revoked_at, by = self.revoked.get(tenure.lease, (math.inf, ""))
+        if revoked_at < at:
+            return f"{by}'s library revoked its lease {tenure.lease:x} at {revoked_at:.3f}"
+        for sent_at, by in self.deleted.get(tenure.key, []):
+            if tenure.acquired_at <= sent_at < at:
+                return f"{by}'s library sent a delete of the key at {sent_at:.3f}"
+        return None
+
+
+def _last_fault(faults: Sequence[Record], at: float) -> str:
+    """The fault that began last before ``at``, for a finding's detail."""
+    begun = [f for f in faults if f["start"] <= at]
+    if not begun:
+        return "no fault had begun"
+    last = max(begun, key=lambda f: f["start"])
+    return (
+        f"the last fault before: {last['kind']} of {last.get('target', '?')}, begun "
+        f"{at - last['start']:.3f} s and healed {at - last['heal']:.3f} s before"
+    )
 
 
 def _deleted_early(lost: Record) -> bool:
@@ -196,11 +219,14 @@ def check_overlaps(
                     deleted is not None
                     and stall is not None
                     and has_bug_15247(version)
-                    and not sent.before(earlier, deleted["at"])
+                    and sent.before(earlier, deleted["at"]) is None
                 ):
                     report.bug_15247.append(Finding("overlap after early deletion", key, detail))
                 else:
-                    report.violations.append(Finding("overlapping tenures", key, detail))
+                    around = (later.acquired_at - 1.0, earlier.last_valid_act + 0.5)
+                    report.violations.append(
+                        Finding("overlapping tenures", key, detail, around=around)
+                    )
 
 
 def check_early_deletions(
@@ -220,14 +246,18 @@ def check_early_deletions(
             f"{tenure.worker} (token {tenure.token}) saw {lost['reason']!r} at {lost['at']:.3f}, "
             f"{lost['deadline'] - lost['at']:.3f} s before its own deadline"
         )
-        if stall is not None and has_bug_15247(version) and not sent.before(tenure, lost["at"]):
+        ours = sent.before(tenure, lost["at"])
+        if stall is not None and has_bug_15247(version) and ours is None:
             detail += (
                 f"; {stall['kind']} healed {lost['at'] - stall['heal']:.3f} s before, and the "
                 f"stalled leader revoked {stall['expired']} lease(s) it judged expired"
             )
             report.bug_15247.append(Finding("early deletion", tenure.key, detail))
         else:
-            report.violations.append(Finding("early deletion", tenure.key, detail))
+            cause = ours or f"nothing the library sent could end it (lease {tenure.lease:x})"
+            detail += f"; {cause}; {_last_fault(faults, lost['at'])}"
+            around = (tenure.acquired_at - 1.0, lost["at"] + 0.5)
+            report.violations.append(Finding("early deletion", tenure.key, detail, around=around))
 
 
 def check_etcd_register(
@@ -362,6 +392,39 @@ def recovery_times(records: Sequence[Record], faults: Sequence[Record]) -> dict[
     return longest
 
 
+_CONTEXT_FINDINGS = 3  # violations whose history is printed
+_CONTEXT_LINES = 60  # records printed per violation, at most
+
+
+def _when(record: Record) -> float:
+    """When a record's operation began (a fault record: when it began)."""
+    for name in ("start", "at", "end"):
+        if name in record:
+            return float(record[name])
+    return 0.0
+
+
+def history_around(
+    finding: Finding, records: Sequence[Record], faults: Sequence[Record]
+) -> list[str]:
+    """The faults and the records of the finding's key (and every revoke sent) in its
+    stretch of time, in time order."""
+    assert finding.around is not None
+    begin, end = finding.around
+    lines = [f"history around [{finding.kind}] key={finding.key!r}, {begin:.3f} to {end:.3f}:"]
+    for fault in faults:
+        if fault["start"] <= end and fault["heal"] >= begin:
+            lines.append(f"  {fault['start']:.3f}-{fault['heal']:.3f} fault {fault}")
+    shown = [
+        r
+        for r in records
+        if begin <= _when(r) <= end and (r.get("key") == finding.key or r["op"] == "sent_revoke")
+    ]
+    for record in sorted(shown, key=_when)[:_CONTEXT_LINES]:
+        lines.append(f"  {_when(record):.3f} {record}")
+    return lines
+
+
 def check(
     records: Sequence[Record],
     ext_log: Sequence[Record],
@@ -377,6 +440,8 @@ def check(
     check_etcd_register(records, tenures, report)
     check_ext_register(records, ext_log, report)
     check_acknowledged_ends(records, report)
+    for finding in [f for f in report.violations if f.around][:_CONTEXT_FINDINGS]:
+        report.context += history_around(finding, records, faults)
     if leases_left:
         report.violations.append(
             Finding("etcd leases left", "*", f"{leases_left} lease(s) left when the run ended")

@@ -190,9 +190,17 @@ def test_early_deletion_is_ours_unless_a_leader_stall_explains_it_on_an_affected
     revoked = [*early, {"op": "sent_revoke", "worker": "a", "key": "", "token": None,
                         "at": 1.15, "lease": 1010}]  # fmt: skip
     assert kinds(run(revoked, ext_log=[], faults=stall)) == {"early deletion"}
+    # Each says what ended it, and the fault before.
+    (found,) = run(revoked, ext_log=[], faults=stall).violations
+    assert "a's library revoked its lease 3f2 at 1.150" in found.detail
+    assert "pause_leader of etcd0, begun 1.100 s and healed 0.010 s before" in found.detail
     deleted = [*early, {"op": "sent_delete", "worker": "b", "key": "k", "token": None,
                         "at": 1.15}]  # fmt: skip
     assert kinds(run(deleted, ext_log=[], faults=stall)) == {"early deletion"}
+    (found,) = run(deleted, ext_log=[], faults=stall).violations
+    assert "b's library sent a delete of the key at 1.150" in found.detail
+    (found,) = run(early, ext_log=[], faults=quiet).violations
+    assert "nothing the library sent could end it (lease 3f2)" in found.detail
     revoked_after = [*early, {"op": "sent_revoke", "worker": "a", "key": "", "token": None,
                               "at": 1.25, "lease": 1010}]  # fmt: skip
     assert run(revoked_after, ext_log=[], faults=stall).violations == []
@@ -247,3 +255,22 @@ def test_the_holders_own_release_seen_by_its_watch_is_not_an_early_deletion() ->
         lost("a", 10, 1.297, "the key was released, deleted or expired", 3.0),
     ]
     assert run(records, ext_log=[]).violations == []
+
+
+def test_a_violation_prints_the_history_around_it() -> None:
+    records = [
+        acquire("a", 10, 1.0),
+        acquire("b", 3, 0.2, key="other"),  # another key: not shown
+        {"op": "sent_revoke", "worker": "b", "key": "", "token": None, "at": 1.1, "lease": 7},
+        lost("a", 10, 1.2, "the key was released, deleted or expired", 3.0),
+        acquire("b", 12, 9.0),  # long after: not shown
+    ]
+    faults = [
+        {"kind": "defrag", "start": 0.5, "heal": 0.6, "target": "etcd1"},
+        {"kind": "kill_leader", "start": 5.0, "heal": 6.0, "target": "etcd0"},
+    ]
+    summary = run(records, ext_log=[], faults=faults).summary()
+    history = summary[summary.index("history around [early deletion] key='k', 0.000 to 1.700") :]
+    assert "'kind': 'defrag'" in history and "kill_leader" not in history
+    shown = [line.split()[0] for line in history.splitlines()[1:]]
+    assert shown == ["0.500-0.600", "0.990", "1.100", "1.200"]
