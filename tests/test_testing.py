@@ -289,6 +289,59 @@ def test_sigterm_kills_the_members_too(handler: str) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie waiting for init to reap it (killed, no parent of ours left)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_sigkill_kills_the_members_too_even_one_started_from_a_thread_since_ended() -> None:
+    """A process killed with SIGKILL (a test runner's timeout: nothing of ours runs)
+    takes its members with it; a member (re)started from a thread that has ended since
+    runs on until then."""
+    assert testing.registry._SETPRIV is not None, "util-linux's setpriv is needed here"
+    code = textwrap.dedent(
+        """
+        import threading, time
+        from etcd_leases.testing import EtcdCluster
+        cluster = EtcdCluster(3)
+        cluster.start()
+        restarted = cluster.members[1]
+        restarter = threading.Thread(target=restarted.restart)
+        restarter.start()
+        restarter.join()
+        time.sleep(0.5)  # a kill on the thread's end would have come by now
+        assert restarted.running and restarted.is_healthy(timeout=5)
+        print(*(m.pid for m in cluster.members), cluster.directory, flush=True)
+        time.sleep(60)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    assert line, "the child failed (its error is above)"
+    *pid_texts, directory = line.split()
+    pids = [int(text) for text in pid_texts]
+    try:
+        assert len(pids) == 3 and not any(_dead(pid) for pid in pids)
+        child.kill()
+        child.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while not all(_dead(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_dead(pid) for pid in pids)
+    finally:
+        child.kill()
+        child.wait()
+        for pid in pids:
+            if not _dead(pid):  # our grandchildren: clean up after a failed assertion
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(directory, ignore_errors=True)  # SIGKILL left it
+
+
 # -- three members ----------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from etcd_leases.testing.binaries import _child_env, find_etcdctl
 from etcd_leases.testing.errors import EtcdctlError, EtcdStartError
-from etcd_leases.testing.registry import _HOST, _forget_process, _register_process
+from etcd_leases.testing.registry import _HOST, _forget_process, spawn
 from etcd_leases.testing.tls import TLSFiles
 
 #: Raft heartbeat interval passed to every member, in milliseconds.
@@ -199,19 +199,9 @@ class EtcdMember:
             self._log_offset = log.tell()
             log.write(f"--- etcd-leases: starting {' '.join(self.command())}\n".encode())
             log.flush()
-            process = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=_child_env(),
-                # Ctrl-C in a terminal must not hit etcd directly: the harness
-                # stops it (or the atexit hook kills it).
-                start_new_session=True,
-            )
+            process = spawn(self.command(), len(self.command_prefix), log, _child_env())
         self._process = process
         self._paused = False
-        _register_process(process)
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until ``GET /health`` answers ``"health": "true"``.

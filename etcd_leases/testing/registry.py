@@ -5,7 +5,10 @@ exits and removes the temporary directories of clusters that were never stopped.
 ``SIGTERM`` (a CI runner or a user stopping pytest) ends a Python process without
 running :mod:`atexit` hooks, so the first etcd started from the main thread also
 installs a ``SIGTERM`` handler that cleans up, then lets the signal do what it did
-before. Only ``SIGKILL`` of this process leaves its etcd members behind.
+before. ``SIGKILL`` of this process (a test runner's timeout, mutmut's among them)
+runs nothing: there, where util-linux's ``setpriv`` exists, the kernel ends each etcd
+with ``SIGKILL`` (``PR_SET_PDEATHSIG``) when the thread that started it ends, and
+:func:`spawn` starts every etcd from one thread that lives as long as this process.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import signal
 import socket
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
+from typing import IO
 
 _HOST = "127.0.0.1"
 
@@ -30,6 +35,42 @@ _processes: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
 _directories: dict[str, int] = {}
 # ports handed out to clusters that have not been stopped yet
 _reserved_ports: set[int] = set()
+
+
+# Per process (a fork has none of its parent's threads): the thread etcd starts from.
+_spawners: dict[int, ThreadPoolExecutor] = {}
+_SETPRIV = shutil.which("setpriv")
+
+
+def spawn(
+    argv: Sequence[str], prefix_length: int, log: IO[bytes], env: Mapping[str, str]
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (its first ``prefix_length`` words a wrapper such as ``ip netns
+    exec``, which execs the rest), output to ``log``, so that it dies with this
+    process; register it."""
+    command = list(argv)
+    if _SETPRIV is not None:
+        command[prefix_length:prefix_length] = [_SETPRIV, "--pdeathsig", "KILL", "--"]
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            # Ctrl-C in a terminal must not hit etcd directly: the harness stops it
+            # (or the atexit hook kills it).
+            start_new_session=True,
+        )
+
+    with _registry_lock:
+        spawner = _spawners.get(os.getpid())
+        if spawner is None:
+            spawner = _spawners[os.getpid()] = ThreadPoolExecutor(1, "etcd-leases-spawner")
+    process = spawner.submit(start).result()
+    _register_process(process)
+    return process
 
 
 def _register_process(process: subprocess.Popen[bytes]) -> None:
