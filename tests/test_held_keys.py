@@ -17,13 +17,15 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from etcd_leases import EtcdLeaseProvider, HeldLease
+from etcd_leases.errors import LeaseError, ProviderClosed
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.txn import Txn, delete, put
 from etcd_leases.etcd.watch import WatchStream
+from etcd_leases.etcd.watch import held_keys as held_keys_module
 from etcd_leases.etcd.watch import stream as watch_stream
 from etcd_leases.etcd.watch.held_keys import HeldKeysWatch
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import unique_prefix
+from tests.conftest import eventually, unique_prefix
 
 TTL_MS = 15_000
 
@@ -103,6 +105,8 @@ async def test_a_change_whose_history_was_compacted_under_the_watch_is_seen(
 ) -> None:
     # Only the member's death may break the holder's watch stream, not its silence.
     monkeypatch.setattr(watch_stream, "_PROBE_AFTER_S", 120.0)
+    # The re-read after the compaction reads the keys a few at a time: many pages.
+    monkeypatch.setattr(held_keys_module, "_PAGE", 7)
     prefix = unique_prefix()
     async with (
         EtcdLeaseProvider(etcd_cluster.endpoints, prefix=prefix, timeout=5) as provider,
@@ -126,7 +130,7 @@ async def test_a_change_whose_history_was_compacted_under_the_watch_is_seen(
             # ...when the watch resumes on another member, from before the compaction.
             member.kill()
             await seen_lost([changed], within=20)
-            assert "compacted" in (changed.lost_reason or "")
+            assert changed.lost_reason == "the key changed while its watch history was compacted"
             # The re-read ended that tenure alone, and the watch goes on from there.
             assert lost(held) == [changed.key]
             await anyone.release_lease(held[9].key, held[9].owner)
@@ -170,19 +174,34 @@ async def test_a_tenure_registered_after_the_watch_passed_its_start_looks_back(
         return response.header.revision
 
     try:
+        older = await write(b"older", b"me")  # before the shared watch began
+        await write(b"moved", b"me")
+        moved = await write(b"moved", b"you")  # at the very revision its tenure starts
         watch(b"first", await write(b"first", b"me") + 1)  # the shared watch starts here
         taken = await write(b"late", b"me")
         await write(b"late", b"you")  # changed before its tenure registers
         unchanged = await write(b"quiet", b"me")
+        watch(b"odd", await write(b"odd", b"me") + 1)
+        await write(b"odd", b"\xffme")  # not UTF-8: a foreign writer's value
+        watch(b"gone", await write(b"gone", b"me") + 1)
+        await client.txn(Txn.when().then(delete(prefix + b"gone")).request)
         watch(b"sentinel", await write(b"sentinel", b"me") + 1)
         await write(b"sentinel", b"you")
         # Events come in order: the watch has gone past every write above.
         assert "handed to 'you'" in await asyncio.wait_for(changes[b"sentinel"], 10)
+        assert changes[b"odd"].result() == "the key was handed to '\ufffdme'"
+        assert changes[b"gone"].result() == "the key was released, deleted or expired"
         watch(b"late", taken + 1)
         watch(b"quiet", unchanged + 1)
         watch(b"ancient", 1)  # before the watch began: its key is read again
         assert "handed to 'you'" in await asyncio.wait_for(changes[b"late"], 10)
-        assert "before its watch" in await asyncio.wait_for(changes[b"ancient"], 10)
+        reread = "the key changed before its watch covered it"
+        assert await asyncio.wait_for(changes[b"ancient"], 10) == reread
+        watch(b"moved", moved)
+        assert await asyncio.wait_for(changes[b"moved"], 10) == reread
+        watch(b"older", older + 1)  # its key is read again too, and found unchanged
+        await held_keys._rereads.wait(10)
+        assert not changes[b"older"].done()
         await write(b"first", b"you")
         await asyncio.wait_for(changes[b"first"], 10)
         assert not changes[b"quiet"].done()
@@ -192,3 +211,117 @@ async def test_a_tenure_registered_after_the_watch_passed_its_start_looks_back(
         for change in changes.values():
             if change.done():
                 change.exception()  # retrieved
+    assert isinstance(changes[b"quiet"].exception(), ProviderClosed)
+
+
+async def test_a_cancelled_tenure_hears_nothing_more_and_the_last_one_ends_the_watch(
+    etcd: EtcdCluster,
+) -> None:
+    prefix = unique_prefix().encode()
+    client = EtcdClient(etcd.endpoints, timeout=5)
+    watches = WatchStream(client)
+    held_keys = HeldKeysWatch(watches, client, prefix)
+    heard: list[str] = []
+
+    def ignored(_: object) -> None:
+        pass
+
+    async def write(name: bytes, value: bytes) -> int:
+        response = await client.txn(Txn.when().then(put(prefix + name, value)).request)
+        return response.header.revision
+
+    try:
+        keep = held_keys.watch(prefix + b"keep", await write(b"keep", b"me") + 1, ignored, ignored)
+        taken = await write(b"key", b"me")
+        await write(b"key", b"you")
+        sentinel: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        held_keys.watch(prefix + b"s", await write(b"s", b"me") + 1, sentinel.set_result, ignored)
+        await write(b"s", b"you")
+        await asyncio.wait_for(sentinel, 10)  # the watch is past every write above
+        # The change is remembered: reported to this tenure from the event loop...
+        late = held_keys.watch(prefix + b"key", taken + 1, heard.append, ignored)
+        late.cancel()  # ...unless it is cancelled first
+        await asyncio.sleep(0.1)
+        assert heard == []
+        assert len(held_keys) == 1
+        # Of two tenures of one key, the one left after the other's cancel is told.
+        start = await write(b"pair", b"me") + 1
+        left = held_keys.watch(prefix + b"pair", start, heard.append, ignored)
+        held_keys.watch(prefix + b"pair", start, heard.append, ignored).cancel()
+        await write(b"pair", b"you")
+        await eventually(lambda: heard == ["the key was handed to 'you'"], "the one left told")
+        assert left.ended
+        keep.cancel()
+        assert len(held_keys) == 0 and held_keys._watcher is None
+        # Two tenures of one key (one ending, the next beginning): both are told
+        # when the watch ends.
+        failed: list[LeaseError] = []
+        start = await write(b"both", b"me") + 1
+        held_keys.watch(prefix + b"both", start, heard.append, failed.append)
+        held_keys.watch(prefix + b"both", start, heard.append, failed.append)
+        await watches.close()
+        assert [type(error) for error in failed] == [ProviderClosed, ProviderClosed]
+    finally:
+        await watches.close()
+        await client.close()
+
+
+async def test_a_change_in_the_older_generation_is_looked_up_and_told_to_each_tenure(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every batch of events starts a generation: the latest change of a key is kept
+    # through the next batch, in the older generation.
+    monkeypatch.setattr(held_keys_module, "_GENERATION_S", 0.0)
+    prefix = unique_prefix().encode()
+    client = EtcdClient(etcd.endpoints, timeout=5)
+    watches = WatchStream(client)
+    held_keys = HeldKeysWatch(watches, client, prefix)
+    told: dict[str, list[str]] = {"key": [], "late": [], "s": []}
+
+    def ignored(_: object) -> None:
+        pass
+
+    async def write(name: bytes, value: bytes) -> int:
+        response = await client.txn(Txn.when().then(put(prefix + name, value)).request)
+        return response.header.revision
+
+    try:
+        keep = held_keys.watch(prefix + b"keep", await write(b"keep", b"me") + 1, ignored, ignored)
+        start = await write(b"key", b"me") + 1
+        for _ in range(3):  # tenures of one key (an old one ending, ...): each is told
+            held_keys.watch(prefix + b"key", start, told["key"].append, ignored)
+        held_keys.watch(prefix + b"s", await write(b"s", b"me") + 1, told["s"].append, ignored)
+        changed = await write(b"key", b"you")
+        await eventually(lambda: len(told["key"]) == 3, "every tenure told")
+        await write(b"s", b"you")  # the next batch: the change above is the older one
+        await eventually(lambda: bool(told["s"]), "the next batch seen")
+        held_keys.watch(prefix + b"key", changed, told["late"].append, ignored)
+        await eventually(lambda: bool(told["late"]), "the late tenure told")
+        assert told["key"] == ["the key was handed to 'you'"] * 3
+        assert told["late"] == ["the key was handed to 'you'"]
+        keep.cancel()  # the last tenure: no key is left watched, nor the watch
+        assert len(held_keys) == 0 and held_keys._watcher is None
+    finally:
+        await watches.close()
+        await client.close()
+
+
+async def test_an_empty_prefix_watches_every_key(etcd: EtcdCluster) -> None:
+    client = EtcdClient(etcd.endpoints, timeout=5)
+    watches = WatchStream(client)
+    held_keys = HeldKeysWatch(watches, client, b"")
+    heard: dict[bytes, asyncio.Future[str]] = {}
+    try:
+        # Keys at both ends of the keyspace (etcd's range from b"\0" on).
+        for key in (b"A" + unique_prefix().encode(), b"z" + unique_prefix().encode()):
+            response = await client.txn(Txn.when().then(put(key, b"me")).request)
+            heard[key] = asyncio.get_running_loop().create_future()
+            held_keys.watch(
+                key, response.header.revision + 1, heard[key].set_result, heard[key].set_exception
+            )
+            await client.txn(Txn.when().then(delete(key)).request)
+        for future in heard.values():
+            assert "deleted" in await asyncio.wait_for(future, 10)
+    finally:
+        await watches.close()
+        await client.close()

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from etcd_leases import BackendError, PermissionDenied, ProviderClosed
+from etcd_leases.errors import LeaseTypeError, LeaseValueError
 from etcd_leases.etcd.auth import Metadata
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.txn import Txn, delete, put
@@ -76,10 +77,12 @@ async def test_puts_and_a_delete_arrive_in_order_one_batch_each(
     start = await current_revision(client) + 1
     watcher = stream.watch(key, start)
     # Written before etcd registered the watch: still delivered, the watch starts at `start`.
+    await write(client, key + b"/after", b"not its key")  # a key sorting after it
     first = await write(client, key, b"a")
     assert first >= start
     assert summary(await next_batch(watcher)) == [(PUT, b"a", first)]
     await registered(watcher)
+    assert repr(watcher) == f"<Watcher {key!r} next_revision={first + 1}>"
 
     latencies = []
     for value in (b"b", b"c", None):
@@ -335,6 +338,54 @@ async def test_compacted_start_revision_yields_the_reread_signal(etcd_binary: st
                 await client.close()
 
 
+async def test_a_quiet_watcher_follows_the_store_and_survives_a_compaction(
+    etcd_binary: str,
+) -> None:
+    """etcd's progress notifications move a quiet watcher's resume point along, so a
+    compaction past where it began costs it no history: resumed after a restart, it
+    gets its next event, not "history lost"."""
+    notify = "--experimental-watch-progress-notify-interval=100ms"
+    with EtcdCluster(1, binary=etcd_binary, extra_args=[notify]) as etcd:
+        async with asyncio.timeout(30):
+            client = EtcdClient(etcd.endpoints, timeout=5)
+            stream = WatchStream(client)
+            try:
+                key = new_key()
+                watcher = stream.watch(key, await write(client, key, b"1") + 1)
+                others = [await write(client, new_key(), b"x") for _ in range(5)]
+                await eventually(lambda: watcher.next_revision == others[-1])
+                await asyncio.to_thread(etcd.etcdctl, "compact", str(others[-1]))
+                await asyncio.to_thread(etcd.members[0].restart)  # the stream breaks
+                revision = await write(client, key, b"2")
+                assert summary(await next_batch(watcher, 10)) == [(PUT, b"2", revision)]
+            finally:
+                await stream.close()
+                await client.close()
+
+
+@pytest.mark.parametrize(
+    ("key", "start", "error", "message"),
+    [
+        ("text", 1, LeaseTypeError, "key must be bytes, not str"),
+        (b"", 1, LeaseValueError, "key must not be empty"),
+        (b"k", 1.0, LeaseTypeError, "start_revision must be an int, not float"),
+        (b"k", True, LeaseTypeError, "start_revision must be an int, not bool"),
+        (b"k", -1, LeaseValueError, "start_revision must be >= 0, got -1"),
+    ],
+)
+async def test_bad_watch_arguments_are_refused_before_anything_is_sent(
+    client: EtcdClient, key: object, start: object, error: type[Exception], message: str
+) -> None:
+    stream = WatchStream(client)
+    try:
+        with pytest.raises(error) as raised:
+            stream.watch(key, start)  # type: ignore[arg-type]
+        assert str(raised.value) == message
+        assert not stream.running  # nothing was opened
+    finally:
+        await stream.close()
+
+
 async def test_close_ends_every_watcher_with_provider_closed(
     client: EtcdClient,
 ) -> None:
@@ -363,6 +414,7 @@ async def test_close_ends_every_watcher_with_provider_closed(
         await anext(iterated)
     assert [type(error) for error in errors] == [ProviderClosed]
     assert called.ended and not stream.running
+    assert not called.registered and repr(called) == f"<Watcher {key!r} ended>"
     with pytest.raises(ProviderClosed):
         stream.watch(key, revision)
 

@@ -60,7 +60,7 @@ class Watcher:
         start_revision: int,
         on_events: EventsCallback | None,
         on_error: ErrorCallback | None,
-        range_end: bytes = b"",
+        range_end: bytes,
     ) -> None:
         self.key = key
         #: Watches every key in ``[key, range_end)`` when set, else ``key`` alone.
