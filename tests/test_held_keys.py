@@ -247,10 +247,11 @@ async def test_a_cancelled_tenure_hears_nothing_more_and_the_last_one_ends_the_w
         # Of two tenures of one key, the one left after the other's cancel is told.
         start = await write(b"pair", b"me") + 1
         left = held_keys.watch(prefix + b"pair", start, heard.append, ignored)
+        assert repr(left) == f"<HeldKey {prefix + b'pair'!r} from {start}>"
         held_keys.watch(prefix + b"pair", start, heard.append, ignored).cancel()
         await write(b"pair", b"you")
         await eventually(lambda: heard == ["the key was handed to 'you'"], "the one left told")
-        assert left.ended
+        assert left.ended and repr(left) == f"<HeldKey {prefix + b'pair'!r} from {start} ended>"
         keep.cancel()
         assert len(held_keys) == 0 and held_keys._watcher is None
         # Two tenures of one key (one ending, the next beginning): both are told
