@@ -23,7 +23,8 @@ from etcd_leases.etcd.txn import Txn, delete, put
 from etcd_leases.etcd.watch import WatchStream
 from etcd_leases.etcd.watch import held_keys as held_keys_module
 from etcd_leases.etcd.watch import stream as watch_stream
-from etcd_leases.etcd.watch.held_keys import HeldKeysWatch
+from etcd_leases.etcd.watch.held_keys import ChangeCallback, HeldKey, HeldKeysWatch
+from etcd_leases.etcd.watch.watcher import ErrorCallback
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import eventually, unique_prefix
 
@@ -156,173 +157,165 @@ async def test_changes_made_while_the_watch_moves_off_a_killed_member_are_seen(
         assert sorted(lost(held)) == sorted(lease.key for lease in held[3:6])
 
 
+def ignored(_: object) -> None:
+    """A callback whose calls a test does not look at."""
+
+
+class SharedWatch:
+    """A shared watch of its own over ``prefix``, and a client to write its keys."""
+
+    def __init__(self, etcd: EtcdCluster, prefix: bytes) -> None:
+        self.prefix = prefix
+        self.client = EtcdClient(etcd.endpoints, timeout=5)
+        self.watches = WatchStream(self.client)
+        self.held_keys = HeldKeysWatch(self.watches, self.client, prefix)
+
+    def watch(
+        self,
+        name: bytes,
+        start: int,
+        on_changed: ChangeCallback,
+        on_error: ErrorCallback = ignored,
+    ) -> HeldKey:
+        return self.held_keys.watch(self.prefix + name, start, on_changed, on_error)
+
+    async def write(self, name: bytes, value: bytes | None) -> int:
+        """Put ``value`` under ``name`` (``None``: delete it); the revision of the write."""
+        key = self.prefix + name
+        op = delete(key) if value is None else put(key, value)
+        return (await self.client.txn(Txn.when().then(op).request)).header.revision
+
+    async def close(self) -> None:
+        await self.watches.close()  # ends the tenures left with ProviderClosed
+        await self.client.close()
+
+
+@pytest.fixture
+async def shared(etcd: EtcdCluster) -> AsyncIterator[SharedWatch]:
+    watch = SharedWatch(etcd, unique_prefix().encode())
+    yield watch
+    await watch.close()
+
+
 async def test_a_tenure_registered_after_the_watch_passed_its_start_looks_back(
-    etcd: EtcdCluster,
+    shared: SharedWatch,
 ) -> None:
-    prefix = unique_prefix().encode()
-    client = EtcdClient(etcd.endpoints, timeout=5)
-    watches = WatchStream(client)
-    held_keys = HeldKeysWatch(watches, client, prefix)
     changes: dict[bytes, asyncio.Future[str]] = {}
 
     def watch(name: bytes, start: int) -> None:
         changes[name] = asyncio.get_running_loop().create_future()
-        held_keys.watch(prefix + name, start, changes[name].set_result, changes[name].set_exception)
+        shared.watch(name, start, changes[name].set_result, changes[name].set_exception)
 
-    async def write(name: bytes, value: bytes) -> int:
-        response = await client.txn(Txn.when().then(put(prefix + name, value)).request)
-        return response.header.revision
-
-    try:
-        older = await write(b"older", b"me")  # before the shared watch began
-        await write(b"moved", b"me")
-        moved = await write(b"moved", b"you")  # at the very revision its tenure starts
-        watch(b"first", await write(b"first", b"me") + 1)  # the shared watch starts here
-        taken = await write(b"late", b"me")
-        await write(b"late", b"you")  # changed before its tenure registers
-        unchanged = await write(b"quiet", b"me")
-        watch(b"odd", await write(b"odd", b"me") + 1)
-        await write(b"odd", b"\xffme")  # not UTF-8: a foreign writer's value
-        watch(b"gone", await write(b"gone", b"me") + 1)
-        await client.txn(Txn.when().then(delete(prefix + b"gone")).request)
-        watch(b"sentinel", await write(b"sentinel", b"me") + 1)
-        await write(b"sentinel", b"you")
-        # Events come in order: the watch has gone past every write above.
-        assert "handed to 'you'" in await asyncio.wait_for(changes[b"sentinel"], 10)
-        assert changes[b"odd"].result() == "the key was handed to '\ufffdme'"
-        assert changes[b"gone"].result() == "the key was released, deleted or expired"
-        watch(b"late", taken + 1)
-        watch(b"quiet", unchanged + 1)
-        watch(b"ancient", 1)  # before the watch began: its key is read again
-        assert "handed to 'you'" in await asyncio.wait_for(changes[b"late"], 10)
-        reread = "the key changed before its watch covered it"
-        assert await asyncio.wait_for(changes[b"ancient"], 10) == reread
-        watch(b"moved", moved)
-        assert await asyncio.wait_for(changes[b"moved"], 10) == reread
-        watch(b"older", older + 1)  # its key is read again too, and found unchanged
-        await held_keys._rereads.wait(10)
-        assert not changes[b"older"].done()
-        await write(b"first", b"you")
-        await asyncio.wait_for(changes[b"first"], 10)
-        assert not changes[b"quiet"].done()
-    finally:
-        await watches.close()  # ends the tenures left with ProviderClosed
-        await client.close()
-        for change in changes.values():
-            if change.done():
-                change.exception()  # retrieved
+    write = shared.write
+    older = await write(b"older", b"me")  # before the shared watch began
+    await write(b"moved", b"me")
+    moved = await write(b"moved", b"you")  # at the very revision its tenure starts
+    watch(b"first", await write(b"first", b"me") + 1)  # the shared watch starts here
+    taken = await write(b"late", b"me")
+    await write(b"late", b"you")  # changed before its tenure registers
+    unchanged = await write(b"quiet", b"me")
+    watch(b"odd", await write(b"odd", b"me") + 1)
+    await write(b"odd", b"\xffme")  # not UTF-8: a foreign writer's value
+    watch(b"gone", await write(b"gone", b"me") + 1)
+    await write(b"gone", None)
+    watch(b"sentinel", await write(b"sentinel", b"me") + 1)
+    await write(b"sentinel", b"you")
+    # Events come in order: the watch has gone past every write above.
+    assert "handed to 'you'" in await asyncio.wait_for(changes[b"sentinel"], 10)
+    assert changes[b"odd"].result() == "the key was handed to '\ufffdme'"
+    assert changes[b"gone"].result() == "the key was released, deleted or expired"
+    watch(b"late", taken + 1)
+    watch(b"quiet", unchanged + 1)
+    watch(b"ancient", 1)  # before the watch began: its key is read again
+    assert "handed to 'you'" in await asyncio.wait_for(changes[b"late"], 10)
+    reread = "the key changed before its watch covered it"
+    assert await asyncio.wait_for(changes[b"ancient"], 10) == reread
+    watch(b"moved", moved)
+    assert await asyncio.wait_for(changes[b"moved"], 10) == reread
+    watch(b"older", older + 1)  # its key is read again too, and found unchanged
+    await shared.held_keys._rereads.wait(10)
+    assert not changes[b"older"].done()
+    await write(b"first", b"you")
+    await asyncio.wait_for(changes[b"first"], 10)
+    assert not changes[b"quiet"].done()
+    await shared.close()
     assert isinstance(changes[b"quiet"].exception(), ProviderClosed)
 
 
 async def test_a_cancelled_tenure_hears_nothing_more_and_the_last_one_ends_the_watch(
-    etcd: EtcdCluster,
+    shared: SharedWatch,
 ) -> None:
-    prefix = unique_prefix().encode()
-    client = EtcdClient(etcd.endpoints, timeout=5)
-    watches = WatchStream(client)
-    held_keys = HeldKeysWatch(watches, client, prefix)
     heard: list[str] = []
-
-    def ignored(_: object) -> None:
-        pass
-
-    async def write(name: bytes, value: bytes) -> int:
-        response = await client.txn(Txn.when().then(put(prefix + name, value)).request)
-        return response.header.revision
-
-    try:
-        keep = held_keys.watch(prefix + b"keep", await write(b"keep", b"me") + 1, ignored, ignored)
-        taken = await write(b"key", b"me")
-        await write(b"key", b"you")
-        sentinel: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        held_keys.watch(prefix + b"s", await write(b"s", b"me") + 1, sentinel.set_result, ignored)
-        await write(b"s", b"you")
-        await asyncio.wait_for(sentinel, 10)  # the watch is past every write above
-        # The change is remembered: reported to this tenure from the event loop...
-        late = held_keys.watch(prefix + b"key", taken + 1, heard.append, ignored)
-        late.cancel()  # ...unless it is cancelled first
-        await asyncio.sleep(0.1)
-        assert heard == []
-        assert len(held_keys) == 1
-        # Of two tenures of one key, the one left after the other's cancel is told.
-        start = await write(b"pair", b"me") + 1
-        left = held_keys.watch(prefix + b"pair", start, heard.append, ignored)
-        assert repr(left) == f"<HeldKey {prefix + b'pair'!r} from {start}>"
-        held_keys.watch(prefix + b"pair", start, heard.append, ignored).cancel()
-        await write(b"pair", b"you")
-        await eventually(lambda: heard == ["the key was handed to 'you'"], "the one left told")
-        assert left.ended and repr(left) == f"<HeldKey {prefix + b'pair'!r} from {start} ended>"
-        keep.cancel()
-        assert len(held_keys) == 0 and held_keys._watcher is None
-        # Two tenures of one key (one ending, the next beginning): both are told
-        # when the watch ends.
-        failed: list[LeaseError] = []
-        start = await write(b"both", b"me") + 1
-        held_keys.watch(prefix + b"both", start, heard.append, failed.append)
-        held_keys.watch(prefix + b"both", start, heard.append, failed.append)
-        await watches.close()
-        assert [type(error) for error in failed] == [ProviderClosed, ProviderClosed]
-    finally:
-        await watches.close()
-        await client.close()
+    write, held_keys = shared.write, shared.held_keys
+    keep = shared.watch(b"keep", await write(b"keep", b"me") + 1, ignored)
+    taken = await write(b"key", b"me")
+    await write(b"key", b"you")
+    sentinel: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    shared.watch(b"s", await write(b"s", b"me") + 1, sentinel.set_result)
+    await write(b"s", b"you")
+    await asyncio.wait_for(sentinel, 10)  # the watch is past every write above
+    # The change is remembered: reported to this tenure from the event loop...
+    late = shared.watch(b"key", taken + 1, heard.append)
+    late.cancel()  # ...unless it is cancelled first
+    await asyncio.sleep(0.1)
+    assert heard == []
+    assert len(held_keys) == 1
+    # Of two tenures of one key, the one left after the other's cancel is told.
+    start = await write(b"pair", b"me") + 1
+    left = shared.watch(b"pair", start, heard.append)
+    assert repr(left) == f"<HeldKey {shared.prefix + b'pair'!r} from {start}>"
+    shared.watch(b"pair", start, heard.append).cancel()
+    await write(b"pair", b"you")
+    await eventually(lambda: heard == ["the key was handed to 'you'"], "the one left told")
+    assert left.ended and repr(left) == f"<HeldKey {shared.prefix + b'pair'!r} from {start} ended>"
+    keep.cancel()
+    assert len(held_keys) == 0 and held_keys._watcher is None
+    # Two tenures of one key (one ending, the next beginning): both are told when the
+    # watch ends.
+    failed: list[LeaseError] = []
+    start = await write(b"both", b"me") + 1
+    shared.watch(b"both", start, heard.append, failed.append)
+    shared.watch(b"both", start, heard.append, failed.append)
+    await shared.close()
+    assert [type(error) for error in failed] == [ProviderClosed, ProviderClosed]
 
 
 async def test_a_change_in_the_older_generation_is_looked_up_and_told_to_each_tenure(
-    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+    shared: SharedWatch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every batch of events starts a generation: the latest change of a key is kept
     # through the next batch, in the older generation.
     monkeypatch.setattr(held_keys_module, "_GENERATION_S", 0.0)
-    prefix = unique_prefix().encode()
-    client = EtcdClient(etcd.endpoints, timeout=5)
-    watches = WatchStream(client)
-    held_keys = HeldKeysWatch(watches, client, prefix)
     told: dict[str, list[str]] = {"key": [], "late": [], "s": []}
-
-    def ignored(_: object) -> None:
-        pass
-
-    async def write(name: bytes, value: bytes) -> int:
-        response = await client.txn(Txn.when().then(put(prefix + name, value)).request)
-        return response.header.revision
-
-    try:
-        keep = held_keys.watch(prefix + b"keep", await write(b"keep", b"me") + 1, ignored, ignored)
-        start = await write(b"key", b"me") + 1
-        for _ in range(3):  # tenures of one key (an old one ending, ...): each is told
-            held_keys.watch(prefix + b"key", start, told["key"].append, ignored)
-        held_keys.watch(prefix + b"s", await write(b"s", b"me") + 1, told["s"].append, ignored)
-        changed = await write(b"key", b"you")
-        await eventually(lambda: len(told["key"]) == 3, "every tenure told")
-        await write(b"s", b"you")  # the next batch: the change above is the older one
-        await eventually(lambda: bool(told["s"]), "the next batch seen")
-        held_keys.watch(prefix + b"key", changed, told["late"].append, ignored)
-        await eventually(lambda: bool(told["late"]), "the late tenure told")
-        assert told["key"] == ["the key was handed to 'you'"] * 3
-        assert told["late"] == ["the key was handed to 'you'"]
-        keep.cancel()  # the last tenure: no key is left watched, nor the watch
-        assert len(held_keys) == 0 and held_keys._watcher is None
-    finally:
-        await watches.close()
-        await client.close()
+    write = shared.write
+    keep = shared.watch(b"keep", await write(b"keep", b"me") + 1, ignored)
+    start = await write(b"key", b"me") + 1
+    for _ in range(3):  # tenures of one key (an old one ending, ...): each is told
+        shared.watch(b"key", start, told["key"].append)
+    shared.watch(b"s", await write(b"s", b"me") + 1, told["s"].append)
+    changed = await write(b"key", b"you")
+    await eventually(lambda: len(told["key"]) == 3, "every tenure told")
+    await write(b"s", b"you")  # the next batch: the change above is the older one
+    await eventually(lambda: bool(told["s"]), "the next batch seen")
+    shared.watch(b"key", changed, told["late"].append)
+    await eventually(lambda: bool(told["late"]), "the late tenure told")
+    assert told["key"] == ["the key was handed to 'you'"] * 3
+    assert told["late"] == ["the key was handed to 'you'"]
+    keep.cancel()  # the last tenure: no key is left watched, nor the watch
+    assert len(shared.held_keys) == 0 and shared.held_keys._watcher is None
 
 
 async def test_an_empty_prefix_watches_every_key(etcd: EtcdCluster) -> None:
-    client = EtcdClient(etcd.endpoints, timeout=5)
-    watches = WatchStream(client)
-    held_keys = HeldKeysWatch(watches, client, b"")
+    everything = SharedWatch(etcd, b"")
     heard: dict[bytes, asyncio.Future[str]] = {}
     try:
         # Keys at both ends of the keyspace (etcd's range from b"\0" on).
         for key in (b"A" + unique_prefix().encode(), b"z" + unique_prefix().encode()):
-            response = await client.txn(Txn.when().then(put(key, b"me")).request)
             heard[key] = asyncio.get_running_loop().create_future()
-            held_keys.watch(
-                key, response.header.revision + 1, heard[key].set_result, heard[key].set_exception
-            )
-            await client.txn(Txn.when().then(delete(key)).request)
+            start = await everything.write(key, b"me") + 1
+            everything.watch(key, start, heard[key].set_result, heard[key].set_exception)
+            await everything.write(key, None)
         for future in heard.values():
             assert "deleted" in await asyncio.wait_for(future, 10)
     finally:
-        await watches.close()
-        await client.close()
+        await everything.close()

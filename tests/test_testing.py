@@ -254,6 +254,24 @@ def test_atexit_kills_leftovers(tmp_path: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie waiting for init to reap it (killed, no parent of ours left)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _end(child: subprocess.Popen[str], pids: list[int]) -> None:
+    """End the child, and its members if any still runs (after a failed assertion)."""
+    child.kill()
+    child.wait()
+    for pid in pids:
+        if not _dead(pid):  # our grandchildren
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("handler", ["default", "own"])
 def test_sigterm_kills_the_members_too(handler: str) -> None:
     """A process stopped with SIGTERM (as CI stops pytest) takes its members with it,
@@ -282,20 +300,7 @@ def test_sigterm_kills_the_members_too(handler: str) -> None:
         assert all(process_gone(pid) for pid in pids)
         assert not os.path.exists(directory)
     finally:
-        child.kill()
-        child.wait()
-        for pid in pids:
-            if not process_gone(pid):  # our grandchildren: clean up after a failed assertion
-                os.kill(pid, signal.SIGKILL)
-
-
-def _dead(pid: int) -> bool:
-    """Gone, or a zombie waiting for init to reap it (killed, no parent of ours left)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+        _end(child, pids)
 
 
 def test_sigkill_kills_the_members_too_even_one_started_from_a_thread_since_ended() -> None:
@@ -334,11 +339,7 @@ def test_sigkill_kills_the_members_too_even_one_started_from_a_thread_since_ende
             time.sleep(0.05)
         assert all(_dead(pid) for pid in pids)
     finally:
-        child.kill()
-        child.wait()
-        for pid in pids:
-            if not _dead(pid):  # our grandchildren: clean up after a failed assertion
-                os.kill(pid, signal.SIGKILL)
+        _end(child, pids)
         shutil.rmtree(directory, ignore_errors=True)  # SIGKILL left it
 
 
