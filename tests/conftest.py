@@ -58,30 +58,31 @@ class EtcdMembers:
             cluster.stop()
 
 
-@pytest.fixture(autouse=True)
-def no_background_task_fails() -> Iterator[None]:
-    """Fail the test in which a background task of the library (a settlement, a
-    revoke, a pool refill) fails: each catches what etcd can answer, so its failure is
-    a defect, which would otherwise only be logged."""
-    failures = _Records(logging.ERROR)
-    logger = logging.getLogger("etcd_leases.etcd.tasks")
-    logger.addHandler(failures)
-    try:
-        yield
-    finally:
-        logger.removeHandler(failures)
-    assert not failures.records, [
-        f"{r.getMessage()}: {r.exc_info and r.exc_info[1]!r}" for r in failures.records
-    ]
-
-
-class _Records(logging.Handler):
+class Records(logging.Handler):
     def __init__(self, level: int) -> None:
         super().__init__(level)
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def no_background_task_fails() -> Iterator[Records]:
+    """Fail the test in which a background task of the library (a settlement, a
+    revoke, a pool refill) fails: each catches what etcd can answer, so its failure is
+    a defect, which would otherwise only be logged. (A test that makes one fail on
+    purpose takes the records, and clears them.)"""
+    failures = Records(logging.ERROR)
+    logger = logging.getLogger("etcd_leases.etcd.tasks")
+    logger.addHandler(failures)
+    try:
+        yield failures
+    finally:
+        logger.removeHandler(failures)
+    assert not failures.records, [
+        f"{r.getMessage()}: {r.exc_info and r.exc_info[1]!r}" for r in failures.records
+    ]
 
 
 @pytest.fixture(scope="session")
