@@ -59,13 +59,14 @@ class RenewalSchedule:
 
     def remove(self, kept: KeptLease) -> None:
         """Stop keeping ``kept`` (a no-op for a lease not kept, or kept anew since)."""
+        # First, so a rebuild of the heaps below drops its entries too.
+        kept._tracked = False
         if self._kept.get(kept.lease_id) is kept:
             del self._kept[kept.lease_id]
             self._ttls[kept.ttl_s] -= 1
             if self._ttls[kept.ttl_s] <= 0:
                 del self._ttls[kept.ttl_s]
             self._compact()
-        kept._tracked = False
 
     def clear(self) -> list[KeptLease]:
         """Stop keeping every lease; those that were kept."""
