@@ -108,24 +108,26 @@ def test_renew_all_now_makes_every_lease_due_the_most_urgent_first() -> None:
 
 def test_a_passed_deadline_is_reported_once_a_renewed_lease_is_looked_at_again() -> None:
     schedule = RenewalSchedule()
-    passes, renewed, released = (
-        _kept(1, valid_until=10.0),
-        _kept(2, valid_until=10.0),
-        _kept(3, valid_until=10.0),
+    # Deadlines below the heaps' tie-breakers, so only the deadline can decide; the
+    # renewed and the released lease come up before the one that passed.
+    renewed, released, passes = (
+        _kept(1, valid_until=1.0),
+        _kept(2, valid_until=1.0),
+        _kept(3, valid_until=1.0),
     )
-    later = _kept(4, valid_until=50.0)
-    for kept in (passes, renewed, released, later):
+    later = _kept(4, valid_until=5.0)
+    for kept in (renewed, released, passes, later):
         schedule.add(kept, 0.0)
     schedule.remove(released)
-    renewed.valid_until = 30.0  # renewed since its deadline entry was pushed
-    assert schedule.next_deadline() == 10.0
-    assert schedule.past_deadline(9.99) == []
-    assert schedule.past_deadline(10.0) == [passes]  # at the deadline: passed
-    assert schedule.past_deadline(10.0) == []  # reported once
-    assert schedule.next_deadline() == 30.0  # the renewed lease's new deadline
-    assert schedule.past_deadline(30.0) == [renewed]
-    assert schedule.next_deadline() == 50.0
-    assert schedule.past_deadline(60.0) == [later]
+    renewed.valid_until = 3.0  # renewed since its deadline entry was pushed
+    assert schedule.next_deadline() == 1.0
+    assert schedule.past_deadline(0.99) == []
+    assert schedule.past_deadline(1.0) == [passes]  # at the deadline: passed
+    assert schedule.past_deadline(1.0) == []  # reported once
+    assert schedule.next_deadline() == 3.0  # the renewed lease's new deadline
+    assert schedule.past_deadline(3.0) == [renewed]
+    assert schedule.next_deadline() == 5.0
+    assert schedule.past_deadline(6.0) == [later]
     assert schedule.next_deadline() == math.inf
 
 
