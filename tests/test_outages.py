@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from etcd_leases import Election, EtcdLeaseProvider, HeldLease
+from etcd_leases import Election, EtcdLeaseProvider, HeldLease, LeaseError
 from etcd_leases.testing import EtcdCluster
+from etcd_leases.threads import ThreadMessages, Threads
 from tests.conftest import eventually
 
 
@@ -111,3 +112,42 @@ async def test_a_lost_lease_and_the_silence_before_are_logged(
     assert any(
         "'alice' lost 'job'" in message and "deadline passed" in message for message in warnings
     ), warnings
+
+
+async def test_a_serving_worker_runs_a_thread_again_once_etcd_is_back(
+    etcd_binary: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run that failed for want of etcd (its handler's own read, here) is tried again
+    by the worker, unprompted: the message is not left until someone wakes the thread."""
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        async with EtcdLeaseProvider(etcd.endpoints, timeout=1.0) as provider:
+            acked: list[str] = []
+            reads_failed: list[LeaseError] = []
+
+            async def reads_etcd(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+                async for message in messages:
+                    if not reads_failed:
+                        etcd.members[0].pause()
+                        try:
+                            await provider.get_lease_owner("elsewhere")
+                        except LeaseError as exc:
+                            reads_failed.append(exc)
+                            raise
+                        finally:
+                            etcd.members[0].resume()
+                    await messages.ack(message)
+                    acked.append(message.text)
+
+            threads = Threads(provider, reads_etcd, ttl_ms=10_000)
+            await threads.send("t", "m")
+            stop = asyncio.Event()
+            serving = asyncio.create_task(threads.serve(stop))
+            try:
+                await eventually(lambda: acked == ["m"], "the message ran again", timeout=20)
+            finally:
+                etcd.members[0].resume()
+                stop.set()
+                await serving
+    assert len(reads_failed) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.name == "etcd_leases.threads"]
+    assert any("'t'" in w and "trying again" in w for w in warnings), warnings
