@@ -34,12 +34,19 @@ def providers(
         yield [one, two]
 
 
+def _inbox_count(provider: Provider, count: str, thread: str) -> int:
+    """The provider's inbox's ``count_woken`` or ``count_pending`` of ``thread``."""
+    inbox = provider.aio.inbox  # type: ignore[attr-defined]
+    return int(provider.portal.call(getattr(inbox, count), thread))
+
+
 class Recorder:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, int, str]] = []  # thread, payload, token, OS thread
         self.arrived = threading.Event()
 
     def __call__(self, thread: str, lease: SyncHeldLease, messages: SyncThreadMessages) -> None:
+        assert messages.thread == thread
         for message in messages:
             self.seen.append((thread, message.text, lease.token, threading.current_thread().name))
             self.arrived.set()
@@ -51,7 +58,10 @@ def test_send_and_run_in_a_worker_thread(providers: list[Provider]) -> None:
     threads = Threads(providers[0], handled, ttl_ms=5000)
     threads.send("chat", "one")
     threads.send("chat", "two", run=True)
-    assert [payload for _, payload, _, _ in handled.seen] == ["one", "two"]
+    assert [(name, payload) for name, payload, _, _ in handled.seen] == [
+        ("chat", "one"),
+        ("chat", "two"),
+    ]
     assert handled.seen[0][3] != threading.current_thread().name
     assert providers[1].get_lease_owner(threads.key("chat")) is None
 
@@ -146,6 +156,7 @@ def test_quiet_sends_wake_and_cancel_pending_from_threads(providers: list[Provid
     threads = Threads(providers[0], handled, ttl_ms=5000)
     other = Threads(providers[1], Recorder())
     other.send("t", "dropped", wake=False)
+    assert _inbox_count(providers[1], "count_woken", "t") == 0  # quiet: nobody woken
     assert other.cancel_pending("t") == 1
     assert not other.wake("t")
     other.send("t", "kept", wake=False)
@@ -177,3 +188,32 @@ def test_a_busy_blocking_handler_takes_in_what_was_sent_since(providers: list[Pr
     sent.set()
     running.join(20)
     assert taken == ["second"]
+
+
+def test_the_options_reach_each_run_and_its_lease_writes_fenced(providers: list[Provider]) -> None:
+    runs: list[tuple[str, int, bool]] = []
+
+    def handle(thread: str, lease: SyncHeldLease, messages: SyncThreadMessages) -> None:
+        for message in messages:
+            runs.append((lease.owner, lease.ttl_ms, lease.put("reply", message.text)))
+            messages.ack(message)
+
+    threads = Threads(providers[0], handle, worker="worker-7", ttl_ms=7000)
+    threads.send("t", "hello", run=True)
+    ((owner, ttl_ms, written),) = runs
+    assert owner.startswith("worker-7/") and ttl_ms == 7000 and written
+
+
+def test_a_blocking_handlers_error_reaches_the_caller_and_its_message_stays(
+    providers: list[Provider],
+) -> None:
+    def fails(thread: str, lease: SyncHeldLease, messages: SyncThreadMessages) -> None:
+        for _ in messages:
+            raise RuntimeError("the model is down")
+
+    threads = Threads(providers[0], fails, ttl_ms=5000)
+    threads.send("t", "x")
+    with pytest.raises(RuntimeError, match="the model is down"):
+        threads.run("t")
+    assert providers[1].get_lease_owner(threads.key("t")) is None
+    assert _inbox_count(providers[1], "count_pending", "t") == 1
