@@ -343,6 +343,43 @@ def test_sigkill_kills_the_members_too_even_one_started_from_a_thread_since_ende
         shutil.rmtree(directory, ignore_errors=True)  # SIGKILL left it
 
 
+def test_cpu_hogs_load_the_host_and_die_with_the_process_that_started_them() -> None:
+    """Killed inside the block (nothing of ours runs), a process takes its hogs with it:
+    an interrupted mutation run once left two loading the host."""
+    code = textwrap.dedent(
+        """
+        import time
+        from etcd_leases.testing.load import cpu_hogs
+        with cpu_hogs(2) as pids:
+            print(*pids, flush=True)
+            time.sleep(60)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    assert line, "the child failed (its error is above)"
+    pids = [int(text) for text in line.split()]
+    try:
+        assert len(pids) == 2
+        time.sleep(0.3)
+        assert all(_cpu_seconds(pid) > 0 for pid in pids)  # they burn CPU
+        child.kill()
+        child.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while not all(_dead(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_dead(pid) for pid in pids)
+    finally:
+        _end(child, pids)
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+        user, system = stat.read().rsplit(")", 1)[1].split()[11:13]
+    return (int(user) + int(system)) / os.sysconf("SC_CLK_TCK")
+
+
 # -- three members ----------------------------------------------------------
 
 

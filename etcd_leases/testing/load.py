@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+# Busy until its parent is gone: a process killed inside ``cpu_hogs`` (SIGKILL, a
+# runner's timeout) runs no clean-up, and its hogs would load the host for good.
+_HOG = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == parent: pass"
+
 
 @contextmanager
 def cpu_hogs(count: int) -> Iterator[list[int]]:
-    """``count`` busy-looping Python processes for the duration of the block; their pids."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    """``count`` busy-looping Python processes for the duration of the block (or until
+    the calling process dies); their pids."""
+    parent = str(os.getpid())
+    hogs = [subprocess.Popen([sys.executable, "-c", _HOG, parent]) for _ in range(count)]
     try:
         yield [hog.pid for hog in hogs]
     finally:
