@@ -228,7 +228,8 @@ async def test_a_run_acknowledges_only_its_own_threads_messages(live: Live) -> N
 
     threads = Threads(live.provider, handle, ttl_ms=5000)
     await threads.send("a", "x")
-    with pytest.raises(LeaseValueError, match="only its own thread's messages"):
+    only_its_own = r"a run acknowledges only its own thread's messages$"
+    with pytest.raises(LeaseValueError, match=only_its_own):
         await threads.run("a")
     assert [m.text for m in await live.provider.inbox.pending("b")] == ["not yours"]
 
@@ -407,3 +408,27 @@ async def test_hand_offs_and_aborts_are_not_logged_as_losses(
     ours = [r for r in caplog.records if r.name in ("etcd_leases.hold", "etcd_leases.threads")]
     assert [r.getMessage() for r in ours if r.levelno >= logging.WARNING] == []
     assert sum("handed off" in r.getMessage() for r in caplog.records) == 4
+
+
+async def test_acknowledging_twice_is_harmless_and_an_abort_skips_what_was_acknowledged(
+    live: Live,
+) -> None:
+    started = asyncio.Event()
+
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        async for message in messages:
+            await messages.ack(message)
+            await messages.ack(message)  # again: nothing more happens
+            if message.text == "blocks":
+                assert list(messages.handed) == []  # what was acknowledged is done with
+                started.set()
+                await asyncio.Event().wait()
+
+    threads = Threads(live.provider, handle, ttl_ms=5000)
+    for text in ("first", "blocks"):
+        await threads.send("t", text)
+    running = asyncio.create_task(threads.run("t"))
+    await asyncio.wait_for(started.wait(), 10)
+    assert await threads.abort("t")
+    assert await asyncio.wait_for(running, 10)
+    assert await live.provider.inbox.pending("t") == []
