@@ -1,0 +1,181 @@
+"""RenewalRound against a real etcd: a stream on every member, the first to answer serves.
+
+What the keep-alive loop relies on: the first member to answer keeps its stream and
+becomes the client's preferred member, the others' streams end without blame; a stream
+silent past the stall limit ends with blame; a round widened while unanswered gives its
+new streams the one-shot renewals still waiting; closing hands those back, each once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.lease_ids import new_lease_id
+from etcd_leases.etcd.renewal_round import RenewalRound
+from etcd_leases.etcd.renewal_stream import Inflight, Renewal, RenewalStream
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+from etcd_leases.testing import EtcdCluster
+from tests.conftest import enable_auth, eventually
+
+ANOTHER_ANSWERED = "another member answered first"
+
+
+class Events:
+    """What a round called back."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[pb.LeaseKeepAliveResponse, Inflight | None]] = []
+        self.ended: list[RenewalStream] = []
+
+    def on_answer(self, response: pb.LeaseKeepAliveResponse, inflight: Inflight | None) -> None:
+        self.answers.append((response, inflight))
+
+    def on_end(self, stream: RenewalStream) -> None:
+        self.ended.append(stream)
+
+    def round(self, client: EtcdClient) -> RenewalRound:
+        return RenewalRound(client, self.on_answer, lambda stream: None, self.on_end)
+
+
+def _request(lease_id: int) -> pb.LeaseKeepAliveRequest:
+    return pb.LeaseKeepAliveRequest(ID=lease_id)
+
+
+async def _granted(client: EtcdClient) -> int:
+    lease_id = new_lease_id()
+    await client.grant(10, lease_id)
+    return lease_id
+
+
+async def test_the_first_member_to_answer_serves_the_round_and_is_preferred(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    # A follower, preferred until now, is frozen: another member answers first.
+    leader = etcd_cluster.leader()
+    frozen = next(m for m in etcd_cluster.members if m is not leader)
+    frozen_index = etcd_cluster.members.index(frozen)
+    client = EtcdClient(etcd_cluster.endpoints, timeout=5)
+    events = Events()
+    round_ = events.round(client)
+    try:
+        lease_id = await _granted(client)
+        client.members.answered(frozen_index)
+        await asyncio.to_thread(frozen.pause)
+        assert await round_.open(login_timeout=5.0) is None
+        assert len(round_.streams) == 3 and not round_.over and not round_.answered
+        assert round_.send(lease_id, _request(lease_id), None) == 3
+        await eventually(lambda: round_.answered, "an answer")
+        (serving,) = round_.streams
+        assert serving.endpoint != frozen_index
+        assert client.members.preferred() == serving.endpoint
+        assert [response.ID for response, _ in events.answers] == [lease_id]
+        assert len(events.ended) == 2 and serving not in events.ended
+        assert all(s.failure == ANOTHER_ANSWERED and not s.failed for s in events.ended)
+        assert round_.failure is None
+        # Streams opened for a round that has its member end at once.
+        assert await round_.open(login_timeout=5.0) is None
+        assert round_.streams == [serving] and len(events.ended) == 5
+        assert all(s.failure == ANOTHER_ANSWERED for s in events.ended)
+    finally:
+        await round_.close("the test is over")
+        await asyncio.to_thread(frozen.resume)
+        await client.close()
+
+
+async def test_closing_a_round_hands_back_its_unanswered_one_shots_once(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    client = EtcdClient(etcd_cluster.endpoints, timeout=5)
+    events = Events()
+    round_ = events.round(client)
+    try:
+        lease_id = await _granted(client)
+        assert await round_.open(login_timeout=5.0) is None
+        preferred = client.members.preferred()
+        waiting: asyncio.Future[Renewal] = asyncio.get_running_loop().create_future()
+        # Sent to all three streams; closed before their writers run.
+        assert round_.send(lease_id, _request(lease_id), waiting) == 3
+        assert await round_.close("closed") == [(lease_id, waiting)]
+        assert round_.over and len(events.ended) == 3
+        assert all(s.failure == "closed" and not s.failed for s in events.ended)
+        # Nobody failed: no member is blamed.
+        assert round_.failure is None and client.members.preferred() == preferred
+        assert events.answers == []
+    finally:
+        await client.close()
+
+
+async def test_a_stream_silent_past_the_stall_limit_ends_with_blame(etcd_binary: str) -> None:
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=5)
+        events = Events()
+        round_ = events.round(client)
+        try:
+            lease_id = await _granted(client)
+            assert await round_.open(login_timeout=5.0) is None
+            (stream,) = round_.streams
+            assert round_.end_stalled(time.monotonic() + 100, 1.0) == float("inf")  # nothing sent
+            await asyncio.to_thread(etcd.members[0].pause)
+            round_.send(lease_id, _request(lease_id), None)
+            await eventually(lambda: stream.outstanding == 1, "the renewal written")
+            since = stream.progress_at
+            # The instants are given: no waiting, no timing decides it.
+            assert round_.end_stalled(since + 0.99, 1.0) == since + 1.0
+            assert not stream.ended and round_.failure is None
+            assert round_.end_stalled(since + 1.0, 1.0) == float("inf")
+            assert stream.ended and stream.failed and round_.over
+            assert stream.failure == "a stream went 1.00 s without an answer"
+            assert round_.failure == stream.failure and events.ended == [stream]
+        finally:
+            await round_.close("the test is over")
+            await asyncio.to_thread(etcd.members[0].resume)
+            await client.close()
+
+
+async def test_a_widened_round_sends_the_waiting_one_shots_on_its_new_streams(
+    etcd_binary: str,
+) -> None:
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=5)
+        events = Events()
+        round_ = events.round(client)
+        try:
+            lease_id = await _granted(client)
+            assert await round_.open(login_timeout=5.0) is None
+            await asyncio.to_thread(etcd.members[0].pause)
+            waiting: asyncio.Future[Renewal] = asyncio.get_running_loop().create_future()
+            round_.send(lease_id, _request(lease_id), waiting)
+            (first,) = round_.streams
+            await eventually(lambda: first.outstanding == 1, "the one-shot written")
+            assert await round_.open(login_timeout=5.0) is None  # widened
+            assert len(round_.streams) == 2
+            (new,) = (s for s in round_.streams if s is not first)
+            assert new.unanswered() == [(lease_id, waiting)]
+            assert round_.unanswered() == [(lease_id, waiting)]  # once, though on both
+            await asyncio.to_thread(etcd.members[0].resume)
+            await eventually(lambda: round_.answered, "an answer")
+            assert len(round_.streams) == 1
+            assert all(inflight and inflight[1] is waiting for _, inflight in events.answers)
+        finally:
+            await round_.close("the test is over")
+            await asyncio.to_thread(etcd.members[0].resume)
+            await client.close()
+
+
+async def test_a_round_no_member_could_open_says_why(etcd_binary: str) -> None:
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        enable_auth(etcd)
+        client = EtcdClient(etcd.endpoints, timeout=5, username="app", password="apppw")
+        await client.auth.metadata(0)  # connected and logged in; then the token is refused
+        client.auth.invalidate(0)
+        await asyncio.to_thread(etcd.members[0].pause)
+        events = Events()
+        round_ = events.round(client)
+        try:
+            assert await round_.open(login_timeout=0.5) == "no login answer in 0.50 s"
+            assert round_.over and not round_.answered
+        finally:
+            await asyncio.to_thread(etcd.members[0].resume)
+            await client.close()

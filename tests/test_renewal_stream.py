@@ -1,0 +1,224 @@
+"""RenewalStream against a real etcd: what it sends, what it remembers, how it ends.
+
+The keep-alive loop relies on a stream for three things: each answer comes with the
+request it answers (its send time, and who waits for it); a renewal still queued is not
+queued twice, while one-shot renewals always are; and a stream that ends (by us, or by
+its member) says why once, and hands back the one-shots it never answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.lease_ids import new_lease_id
+from etcd_leases.etcd.renewal_stream import LANES, Inflight, Renewal, RenewalStream, cancelling
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+from etcd_leases.testing import EtcdCluster
+from tests.conftest import enable_auth, eventually
+
+
+class Events:
+    """What a stream called back, in order."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[pb.LeaseKeepAliveResponse, Inflight | None, float]] = []
+        self.waiting: list[float] = []
+        self.ended: list[RenewalStream] = []
+
+    def on_answer(
+        self, stream: RenewalStream, response: pb.LeaseKeepAliveResponse, inflight: Inflight | None
+    ) -> None:
+        self.answers.append((response, inflight, time.monotonic()))
+
+    def on_waiting(self, stream: RenewalStream) -> None:
+        self.waiting.append(time.monotonic())
+
+    def on_end(self, stream: RenewalStream) -> None:
+        self.ended.append(stream)
+
+
+async def _open(client: EtcdClient, events: Events, endpoint: int = 0) -> RenewalStream:
+    stream = await RenewalStream.open(
+        client, endpoint, events.on_answer, events.on_waiting, events.on_end, login_timeout=5.0
+    )
+    assert isinstance(stream, RenewalStream), stream
+    return stream
+
+
+def _request(lease_id: int) -> pb.LeaseKeepAliveRequest:
+    return pb.LeaseKeepAliveRequest(ID=lease_id)
+
+
+async def _granted(client: EtcdClient, count: int = 1, ttl_s: int = 10) -> list[int]:
+    lease_ids = [new_lease_id() for _ in range(count)]
+    for lease_id in lease_ids:
+        await client.grant(ttl_s, lease_id)
+    return lease_ids
+
+
+async def test_each_answer_comes_with_the_request_it_answers(client: EtcdClient) -> None:
+    # One lease per lane and then some: every lease is answered on its own lane, its
+    # answers in the order of its requests.
+    lease_ids = await _granted(client, LANES + 2)
+    events = Events()
+    stream = await _open(client, events)
+    try:
+        before = time.monotonic()
+        for lease_id in lease_ids:
+            assert stream.send(lease_id, _request(lease_id), None)
+        answer: asyncio.Future[Renewal] = asyncio.get_running_loop().create_future()
+        assert stream.send(lease_ids[0], _request(lease_ids[0]), answer)
+        await eventually(lambda: len(events.answers) == len(lease_ids) + 1, "every answer")
+        assert stream.answered and stream.outstanding == 0
+        assert sorted(r.ID for r, _, _ in events.answers) == sorted([*lease_ids, lease_ids[0]])
+        for response, inflight, answered_at in events.answers:
+            assert inflight is not None, response.ID
+            sent_at, _ = inflight
+            assert before <= sent_at <= answered_at
+            assert response.TTL == 10
+        # The first lease's two requests, answered in order: the renewal, then the one-shot.
+        firsts = [inflight for r, inflight, _ in events.answers if lease_ids[0] == r.ID]
+        assert [inflight[1] for inflight in firsts if inflight] == [None, answer]
+        assert stream.unanswered() == []
+    finally:
+        stream.end("the test is over", failed=False)
+        await stream.wait_ended()
+
+
+async def test_a_stall_may_start_when_a_request_is_written_with_none_outstanding(
+    client: EtcdClient,
+) -> None:
+    (lease_id,) = await _granted(client)
+    events = Events()
+    stream = await _open(client, events)
+    try:
+        assert stream.progress_at == 0.0 and stream.outstanding == 0  # nothing sent yet
+        stream.send(lease_id, _request(lease_id), None)
+        await eventually(lambda: len(events.answers) == 1, "the answer")
+        assert len(events.waiting) == 1
+        (_, inflight, answered_at) = events.answers[0]
+        assert inflight is not None
+        assert events.waiting[0] >= inflight[0]  # from the request's send time on
+        # No request outstanding: the stream's progress is its last answer.
+        assert inflight[0] < stream.progress_at <= answered_at
+        stream.send(lease_id, _request(lease_id), None)
+        await eventually(lambda: len(events.answers) == 2, "the second answer")
+        assert len(events.waiting) == 2  # the first was answered: a new stall may start
+    finally:
+        stream.end("the test is over", failed=False)
+        await stream.wait_ended()
+
+
+async def test_a_queued_renewal_is_not_queued_twice_but_a_one_shot_always_is(
+    client: EtcdClient,
+) -> None:
+    (lease_id,) = await _granted(client)
+    events = Events()
+    stream = await _open(client, events)
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future[Renewal] = loop.create_future()
+    second: asyncio.Future[Renewal] = loop.create_future()
+    given_up: asyncio.Future[Renewal] = loop.create_future()
+    try:
+        # All of this before the stream's writer runs: each stays queued.
+        assert stream.send(lease_id, _request(lease_id), None)
+        assert not stream.send(lease_id, _request(lease_id), None)
+        assert stream.send(lease_id, _request(lease_id), first)
+        assert stream.send(lease_id, _request(lease_id), second)
+        assert stream.send(lease_id, _request(lease_id), given_up)
+        given_up.cancel()  # its caller gave up: it is never sent
+        assert stream.unanswered() == [(lease_id, first), (lease_id, second)]
+        await eventually(lambda: len(events.answers) == 3, "three answers")
+        # Written, the renewal may be queued again; answered after any given-up one
+        # (a lane's answers come in order), so the answers now are all there are.
+        assert stream.send(lease_id, _request(lease_id), None)
+        await eventually(lambda: len(events.answers) == 4, "the last answer")
+        assert [inflight[1] if inflight else "?" for _, inflight, _ in events.answers] == [
+            None,
+            first,
+            second,
+            None,
+        ]
+    finally:
+        stream.end("the test is over", failed=False)
+        await stream.wait_ended()
+
+
+async def test_ending_a_stream_says_why_once_and_keeps_its_unanswered_one_shots(
+    client: EtcdClient,
+) -> None:
+    (lease_id,) = await _granted(client)
+    events = Events()
+    stream = await _open(client, events)
+    waiting: asyncio.Future[Renewal] = asyncio.get_running_loop().create_future()
+    assert stream.send(lease_id, _request(lease_id), waiting)
+    assert not stream.ended
+    stream.end("enough", failed=False)
+    stream.end("twice", failed=True)  # ended already: nothing changes
+    assert stream.ended and stream.failure == "enough" and stream.failed is False
+    assert events.ended == [stream]
+    await stream.wait_ended()
+    assert all(task.done() for task in asyncio.all_tasks() if "keep-alive" in task.get_name())
+    assert stream.unanswered() == [(lease_id, waiting)]  # for the next round to send
+    assert not stream.send(lease_id, _request(lease_id), None)
+    assert events.answers == []
+
+
+async def test_a_stream_whose_member_dies_ends_failed_with_etcds_error(etcd_binary: str) -> None:
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=5)
+        try:
+            (lease_id,) = await _granted(client)
+            events = Events()
+            stream = await _open(client, events)
+            stream.send(lease_id, _request(lease_id), None)
+            await eventually(lambda: len(events.answers) == 1, "the answer")
+            await asyncio.to_thread(etcd.members[0].kill)
+            await eventually(lambda: stream.ended, "the stream ended")
+            assert stream.failed
+            assert stream.failure is not None and stream.failure.startswith("etcd: UNAVAILABLE")
+            assert events.ended == [stream]
+            await stream.wait_ended()
+        finally:
+            await client.close()
+
+
+async def test_a_member_that_never_answers_the_login_is_given_up(etcd_binary: str) -> None:
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        enable_auth(etcd)
+        client = EtcdClient(etcd.endpoints, timeout=5, username="app", password="apppw")
+        await client.auth.metadata(0)  # connected and logged in; then the token is refused
+        client.auth.invalidate(0)
+        await asyncio.to_thread(etcd.members[0].pause)
+        try:
+            events = Events()
+            opened = await RenewalStream.open(
+                client, 0, events.on_answer, events.on_waiting, events.on_end, login_timeout=0.5
+            )
+            assert opened == "no login answer in 0.50 s"
+        finally:
+            await asyncio.to_thread(etcd.members[0].resume)
+            await client.close()
+
+
+async def test_cancelling_is_true_only_in_a_task_being_cancelled() -> None:
+    assert not cancelling()
+    seen: list[bool] = []
+
+    async def cancelled() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            seen.append(cancelling())
+            raise
+
+    task = asyncio.create_task(cancelled())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen == [True]
