@@ -74,6 +74,12 @@ async def test_the_first_member_to_answer_serves_the_round_and_is_preferred(
         assert len(events.ended) == 2 and serving not in events.ended
         assert all(s.failure == ANOTHER_ANSWERED and not s.failed for s in events.ended)
         assert round_.failure is None
+        # Only a round's first answer moves the calls: later ones leave a failover of
+        # the calls alone (else they flap back with every renewal).
+        elsewhere = client.members.failed(serving.endpoint)
+        assert round_.send(lease_id, _request(lease_id), None) == 1
+        await eventually(lambda: len(events.answers) == 2, "the second answer")
+        assert client.members.preferred() == elsewhere != serving.endpoint
         # Streams opened for a round that has its member end at once.
         assert await round_.open(login_timeout=5.0) is None
         assert round_.streams == [serving] and len(events.ended) == 5
@@ -107,31 +113,34 @@ async def test_closing_a_round_hands_back_its_unanswered_one_shots_once(
         await client.close()
 
 
-async def test_a_stream_silent_past_the_stall_limit_ends_with_blame(etcd_binary: str) -> None:
-    with EtcdCluster(1, binary=etcd_binary) as etcd:
-        client = EtcdClient(etcd.endpoints, timeout=5)
-        events = Events()
-        round_ = events.round(client)
-        try:
-            lease_id = await _granted(client)
-            assert await round_.open(login_timeout=5.0) is None
-            (stream,) = round_.streams
-            assert round_.end_stalled(time.monotonic() + 100, 1.0) == float("inf")  # nothing sent
-            await asyncio.to_thread(etcd.members[0].pause)
-            round_.send(lease_id, _request(lease_id), None)
-            await eventually(lambda: stream.outstanding == 1, "the renewal written")
-            since = stream.progress_at
-            # The instants are given: no waiting, no timing decides it.
-            assert round_.end_stalled(since + 0.99, 1.0) == since + 1.0
-            assert not stream.ended and round_.failure is None
-            assert round_.end_stalled(since + 1.0, 1.0) == float("inf")
-            assert stream.ended and stream.failed and round_.over
-            assert stream.failure == "a stream went 1.00 s without an answer"
-            assert round_.failure == stream.failure and events.ended == [stream]
-        finally:
-            await round_.close("the test is over")
-            await asyncio.to_thread(etcd.members[0].resume)
-            await client.close()
+async def test_a_stream_silent_past_the_stall_limit_ends_with_blame(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    # The last member's stream waits on a renewal; the streams before it wait on nothing.
+    frozen = etcd_cluster.members[2]
+    client = EtcdClient(etcd_cluster.endpoints, timeout=5)
+    events = Events()
+    round_ = events.round(client)
+    try:
+        lease_id = await _granted(client)
+        assert await round_.open(login_timeout=5.0) is None
+        idle_a, idle_b, stalled = round_.streams
+        assert round_.end_stalled(time.monotonic() + 100, 1.0) == float("inf")  # nothing sent
+        await asyncio.to_thread(frozen.pause)
+        stalled.send(lease_id, _request(lease_id), None)
+        await eventually(lambda: stalled.outstanding == 1, "the renewal written")
+        since = stalled.progress_at
+        # The instants are given: no waiting, no timing decides it.
+        assert round_.end_stalled(since + 0.99, 1.0) == since + 1.0
+        assert not stalled.ended and round_.failure is None
+        assert round_.end_stalled(since + 1.0, 1.0) == float("inf")
+        assert stalled.ended and stalled.failed and round_.streams == [idle_a, idle_b]
+        assert stalled.failure == "a stream went 1.00 s without an answer"
+        assert round_.failure == stalled.failure and events.ended == [stalled]
+    finally:
+        await round_.close("the test is over")
+        await asyncio.to_thread(frozen.resume)
+        await client.close()
 
 
 async def test_a_widened_round_sends_the_waiting_one_shots_on_its_new_streams(

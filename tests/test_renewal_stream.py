@@ -151,11 +151,17 @@ async def test_a_queued_renewal_is_not_queued_twice_but_a_one_shot_always_is(
 async def test_ending_a_stream_says_why_once_and_keeps_its_unanswered_one_shots(
     client: EtcdClient,
 ) -> None:
-    (lease_id,) = await _granted(client)
+    lease_id = new_lease_id()
+    other_id = lease_id + 1  # on the next lane
+    for granted in (lease_id, other_id):
+        await client.grant(10, granted)
     events = Events()
     stream = await _open(client, events)
-    waiting: asyncio.Future[Renewal] = asyncio.get_running_loop().create_future()
+    loop = asyncio.get_running_loop()
+    waiting: asyncio.Future[Renewal] = loop.create_future()
+    other: asyncio.Future[Renewal] = loop.create_future()
     assert stream.send(lease_id, _request(lease_id), waiting)
+    assert stream.send(other_id, _request(other_id), other)
     assert not stream.ended
     stream.end("enough", failed=False)
     stream.end("twice", failed=True)  # ended already: nothing changes
@@ -163,7 +169,7 @@ async def test_ending_a_stream_says_why_once_and_keeps_its_unanswered_one_shots(
     assert events.ended == [stream]
     await stream.wait_ended()
     assert all(task.done() for task in asyncio.all_tasks() if "keep-alive" in task.get_name())
-    assert stream.unanswered() == [(lease_id, waiting)]  # for the next round to send
+    assert stream.unanswered() == [(lease_id, waiting), (other_id, other)]  # for the next round
     assert not stream.send(lease_id, _request(lease_id), None)
     assert events.answers == []
 
