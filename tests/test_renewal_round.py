@@ -173,18 +173,54 @@ async def test_a_widened_round_sends_the_waiting_one_shots_on_its_new_streams(
             await client.close()
 
 
-async def test_a_round_no_member_could_open_says_why(etcd_binary: str) -> None:
-    with EtcdCluster(1, binary=etcd_binary) as etcd:
-        enable_auth(etcd)
-        client = EtcdClient(etcd.endpoints, timeout=5, username="app", password="apppw")
-        await client.auth.metadata(0)  # connected and logged in; then the token is refused
-        client.auth.invalidate(0)
-        await asyncio.to_thread(etcd.members[0].pause)
-        events = Events()
-        round_ = events.round(client)
-        try:
-            assert await round_.open(login_timeout=0.5) == "no login answer in 0.50 s"
-            assert round_.over and not round_.answered
-        finally:
-            await asyncio.to_thread(etcd.members[0].resume)
-            await client.close()
+async def test_closing_a_widened_round_ends_its_first_streams_too(client: EtcdClient) -> None:
+    events = Events()
+    round_ = events.round(client)
+    assert await round_.open(login_timeout=5.0) is None
+    assert await round_.open(login_timeout=5.0) is None  # nothing answered: widened
+    first, new = round_.streams
+    assert await round_.close("closed") == []
+    assert first.ended and new.ended and events.ended == [first, new]
+
+
+async def test_a_round_no_member_could_open_says_why_for_each(etcd_cluster: EtcdCluster) -> None:
+    enable_auth(etcd_cluster)
+    client = EtcdClient(etcd_cluster.endpoints, timeout=5, username="app", password="apppw")
+    for index in range(3):  # connected and logged in; then the tokens are refused
+        await client.auth.metadata(index)
+        client.auth.invalidate(index)
+    for member in etcd_cluster.members:
+        await asyncio.to_thread(member.pause)
+    events = Events()
+    round_ = events.round(client)
+    try:
+        why = await round_.open(login_timeout=0.5)
+        assert why == "; ".join(["no login answer in 0.50 s"] * 3)
+        assert round_.over and not round_.answered
+    finally:
+        for member in etcd_cluster.members:
+            await asyncio.to_thread(member.resume)
+        await client.close()
+
+
+async def test_a_member_whose_login_hangs_holds_back_only_its_own_stream(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    # etcd's simple tokens are each member's own: each stream logs in on its member.
+    enable_auth(etcd_cluster)
+    client = EtcdClient(etcd_cluster.endpoints, timeout=5, username="app", password="apppw")
+    for index in range(3):
+        await client.auth.metadata(index)
+    client.auth.invalidate(2)
+    frozen = etcd_cluster.members[2]
+    await asyncio.to_thread(frozen.pause)
+    events = Events()
+    round_ = events.round(client)
+    try:
+        assert client.members.preferred() != 2
+        assert await round_.open(login_timeout=0.5) is None
+        assert [stream.endpoint for stream in round_.streams] == [0, 1]
+    finally:
+        await round_.close("the test is over")
+        await asyncio.to_thread(frozen.resume)
+        await client.close()

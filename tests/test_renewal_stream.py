@@ -97,6 +97,7 @@ async def test_a_stall_may_start_when_a_request_is_written_with_none_outstanding
     stream = await _open(client, events)
     try:
         assert stream.progress_at == 0.0 and stream.outstanding == 0  # nothing sent yet
+        assert not stream.answered and not stream.ended and not stream.failed
         stream.send(lease_id, _request(lease_id), None)
         await eventually(lambda: len(events.answers) == 1, "the answer")
         assert len(events.waiting) == 1
@@ -169,7 +170,8 @@ async def test_ending_a_stream_says_why_once_and_keeps_its_unanswered_one_shots(
     assert events.ended == [stream]
     await stream.wait_ended()
     assert all(task.done() for task in asyncio.all_tasks() if "keep-alive" in task.get_name())
-    assert stream.unanswered() == [(lease_id, waiting), (other_id, other)]  # for the next round
+    unanswered = sorted(stream.unanswered(), key=lambda pair: pair[0])
+    assert unanswered == [(lease_id, waiting), (other_id, other)]  # for the next round
     assert not stream.send(lease_id, _request(lease_id), None)
     assert events.answers == []
 
@@ -193,6 +195,44 @@ async def test_a_stream_whose_member_dies_ends_failed_with_etcds_error(etcd_bina
             await client.close()
 
 
+async def test_a_stream_whose_channel_closes_ends_as_cancelled(etcd_binary: str) -> None:
+    # The client closing under a stream (not our task being cancelled) just ends it.
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=5)
+        events = Events()
+        stream = await _open(client, events)
+        await client.close()
+        await eventually(lambda: stream.ended, "the stream ended")
+        assert stream.failure == "the keep-alive stream was cancelled" and stream.failed
+        assert events.ended == [stream]
+        await stream.wait_ended()
+
+
+async def test_an_answer_handler_that_raises_ends_the_stream_and_is_logged(
+    client: EtcdClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    (lease_id,) = await _granted(client)
+    ended: list[RenewalStream] = []
+
+    def on_answer(
+        stream: RenewalStream, response: pb.LeaseKeepAliveResponse, inflight: Inflight | None
+    ) -> None:
+        raise RuntimeError("a bug in the handler")
+
+    stream = await RenewalStream.open(
+        client, 0, on_answer, lambda s: None, ended.append, login_timeout=5.0
+    )
+    assert isinstance(stream, RenewalStream)
+    stream.send(lease_id, _request(lease_id), None)
+    await eventually(lambda: stream.ended, "the stream ended")
+    assert stream.failure == "unexpected error in the keep-alive reader" and stream.failed
+    assert ended == [stream]
+    (record,) = [r for r in caplog.records if r.name == "etcd_leases.etcd.keepalive"]
+    assert record.getMessage() == "the keep-alive reader failed"
+    assert record.exc_info and str(record.exc_info[1]) == "a bug in the handler"
+    await stream.wait_ended()
+
+
 async def test_a_member_that_never_answers_the_login_is_given_up(etcd_binary: str) -> None:
     with EtcdCluster(1, binary=etcd_binary) as etcd:
         enable_auth(etcd)
@@ -209,6 +249,30 @@ async def test_a_member_that_never_answers_the_login_is_given_up(etcd_binary: st
         finally:
             await asyncio.to_thread(etcd.members[0].resume)
             await client.close()
+
+
+async def test_a_login_cut_short_by_the_client_closing_is_a_reason_not_an_error(
+    etcd_binary: str,
+) -> None:
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        enable_auth(etcd)
+        client = EtcdClient(etcd.endpoints, timeout=5, username="app", password="apppw")
+        await client.auth.metadata(0)
+        client.auth.invalidate(0)
+        await asyncio.to_thread(etcd.members[0].pause)
+        try:
+            events = Events()
+            opening = asyncio.create_task(
+                RenewalStream.open(
+                    client, 0, events.on_answer, events.on_waiting, events.on_end, login_timeout=30
+                )
+            )
+            await asyncio.sleep(0)  # its first step: up to the login call, then waits
+            assert not opening.done()
+            await client.close()
+            assert await opening == "the login call was cancelled"
+        finally:
+            await asyncio.to_thread(etcd.members[0].resume)
 
 
 async def test_cancelling_is_true_only_in_a_task_being_cancelled() -> None:
