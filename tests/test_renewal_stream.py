@@ -16,6 +16,7 @@ import pytest
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.etcd.renewal_stream import LANES, Inflight, Renewal, RenewalStream, cancelling
+from etcd_leases.etcd.rpc_errors import is_no_leader
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import enable_auth, eventually
@@ -231,6 +232,27 @@ async def test_an_answer_handler_that_raises_ends_the_stream_and_is_logged(
     assert record.getMessage() == "the keep-alive reader failed"
     assert record.exc_info and str(record.exc_info[1]) == "a bug in the handler"
     await stream.wait_ended()
+
+
+async def test_a_stream_on_a_member_without_a_leader_ends_at_once(etcd_binary: str) -> None:
+    # Streams ask a member to refuse them when it has no leader ("hasleader"), rather
+    # than hold their renewals until an election that may never come.
+    with EtcdCluster(3, binary=etcd_binary) as cluster:
+        alone, *others = cluster.members
+        client = EtcdClient([alone.endpoint], timeout=5, member_sync_interval=None)
+        events = Events()
+        for member in others:
+            await asyncio.to_thread(member.pause)
+        try:
+            stream = await _open(client, events)
+            await eventually(lambda: stream.ended, "the stream refused")
+            assert stream.failed and stream.failure is not None
+            assert is_no_leader(stream.failure), stream.failure
+            await stream.wait_ended()
+        finally:
+            for member in others:
+                await asyncio.to_thread(member.resume)
+            await client.close()
 
 
 async def test_a_member_that_never_answers_the_login_is_given_up(etcd_binary: str) -> None:
