@@ -16,7 +16,7 @@ from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.etcd.renewal_round import RenewalRound
 from etcd_leases.etcd.renewal_stream import Inflight, Renewal, RenewalStream
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
-from etcd_leases.testing import EtcdCluster
+from etcd_leases.testing import EtcdCluster, EtcdMember
 from tests.conftest import enable_auth, eventually
 
 ANOTHER_ANSWERED = "another member answered first"
@@ -37,6 +37,14 @@ class Events:
 
     def round(self, client: EtcdClient) -> RenewalRound:
         return RenewalRound(client, self.on_answer, lambda stream: None, self.on_end)
+
+
+async def _end_all(round_: RenewalRound, client: EtcdClient, *frozen: EtcdMember) -> None:
+    """Close the round and the client; resume the members the test froze."""
+    await round_.close("the test is over")
+    for member in frozen:
+        await asyncio.to_thread(member.resume)
+    await client.close()
 
 
 def _request(lease_id: int) -> pb.LeaseKeepAliveRequest:
@@ -85,9 +93,7 @@ async def test_the_first_member_to_answer_serves_the_round_and_is_preferred(
         assert round_.streams == [serving] and len(events.ended) == 5
         assert all(s.failure == ANOTHER_ANSWERED for s in events.ended)
     finally:
-        await round_.close("the test is over")
-        await asyncio.to_thread(frozen.resume)
-        await client.close()
+        await _end_all(round_, client, frozen)
 
 
 async def test_closing_a_round_hands_back_its_unanswered_one_shots_once(
@@ -138,9 +144,7 @@ async def test_a_stream_silent_past_the_stall_limit_ends_with_blame(
         assert stalled.failure == "a stream went 1.00 s without an answer"
         assert round_.failure == stalled.failure and events.ended == [stalled]
     finally:
-        await round_.close("the test is over")
-        await asyncio.to_thread(frozen.resume)
-        await client.close()
+        await _end_all(round_, client, frozen)
 
 
 async def test_a_widened_round_sends_the_waiting_one_shots_on_its_new_streams(
@@ -168,9 +172,7 @@ async def test_a_widened_round_sends_the_waiting_one_shots_on_its_new_streams(
             assert len(round_.streams) == 1
             assert all(inflight and inflight[1] is waiting for _, inflight in events.answers)
         finally:
-            await round_.close("the test is over")
-            await asyncio.to_thread(etcd.members[0].resume)
-            await client.close()
+            await _end_all(round_, client, etcd.members[0])
 
 
 async def test_closing_a_widened_round_ends_its_first_streams_too(client: EtcdClient) -> None:
@@ -221,6 +223,4 @@ async def test_a_member_whose_login_hangs_holds_back_only_its_own_stream(
         assert await round_.open(login_timeout=0.5) is None
         assert [stream.endpoint for stream in round_.streams] == [0, 1]
     finally:
-        await round_.close("the test is over")
-        await asyncio.to_thread(frozen.resume)
-        await client.close()
+        await _end_all(round_, client, frozen)

@@ -332,12 +332,7 @@ def test_sigkill_kills_the_members_too_even_one_started_from_a_thread_since_ende
     pids = [int(text) for text in pid_texts]
     try:
         assert len(pids) == 3 and not any(_dead(pid) for pid in pids)
-        child.kill()
-        child.wait(timeout=30)
-        deadline = time.monotonic() + 10
-        while not all(_dead(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert all(_dead(pid) for pid in pids)
+        _kill_expecting_gone(child, pids)
     finally:
         _end(child, pids)
         shutil.rmtree(directory, ignore_errors=True)  # SIGKILL left it
@@ -364,14 +359,19 @@ def test_cpu_hogs_load_the_host_and_die_with_the_process_that_started_them() -> 
         assert len(pids) == 2
         time.sleep(0.3)
         assert all(_cpu_seconds(pid) > 0 for pid in pids)  # they burn CPU
-        child.kill()
-        child.wait(timeout=30)
-        deadline = time.monotonic() + 10
-        while not all(_dead(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert all(_dead(pid) for pid in pids)
+        _kill_expecting_gone(child, pids)
     finally:
         _end(child, pids)
+
+
+def _kill_expecting_gone(child: subprocess.Popen[str], pids: list[int]) -> None:
+    """SIGKILL ``child`` (none of its clean-up runs); ``pids`` must end with it."""
+    child.kill()
+    child.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while not all(_dead(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_dead(pid) for pid in pids)
 
 
 def _cpu_seconds(pid: int) -> float:
