@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
-from etcd_leases.errors import ProviderClosed
+from etcd_leases.errors import BackendUnavailable, LeaseValueError, ProviderClosed
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.keepalive import KeepAliveLoop
 from etcd_leases.etcd.kept_lease import (
@@ -21,6 +22,8 @@ from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.testing import EtcdCluster, EtcdMember
 from etcd_leases.testing.load import cpu_hogs
 from tests.conftest import enable_auth, eventually
+
+CLOSED = r"^the provider is closed$"
 
 
 @pytest.fixture
@@ -112,15 +115,67 @@ async def test_mark_lost_and_loss_callbacks(client: EtcdClient, keeper: KeepAliv
 async def test_close_marks_every_kept_lease_lost(client: EtcdClient) -> None:
     keeper = KeepAliveLoop(client)
     leases = [await keep_new(client, keeper, 2) for _ in range(3)]
-    await asyncio.sleep(0.1)
+    await eventually(lambda: keeper.answers_received > 0, "a round answered")
+    # Queued, not sent yet: its caller is told the provider closed, not left waiting.
+    queued = keeper.request_renewal(leases[0].lease_id)
     await keeper.close()
     assert all(kept.lost_reason == PROVIDER_CLOSED for kept in leases)
     assert keeper.kept_count == 0
+    with pytest.raises(ProviderClosed, match=CLOSED):
+        queued.result()
+    assert not tasks_named("etcd-leases keep-alive sender")  # close waited for it
     await keeper.close()  # idempotent
-    with pytest.raises(ProviderClosed):
+    with pytest.raises(ProviderClosed, match=CLOSED):
         keeper.keep(leases[0].lease_id, 2, time.monotonic() + 2)
+    with pytest.raises(ProviderClosed, match=CLOSED):
+        keeper.request_renewal(leases[0].lease_id)
     for kept in leases:
         await client.revoke(kept.lease_id)
+    await KeepAliveLoop(client).close()  # one that never kept a lease
+
+
+async def test_keep_refuses_a_ttl_that_is_not_a_positive_int(
+    client: EtcdClient, keeper: KeepAliveLoop
+) -> None:
+    for ttl_s in (0, -1, True, 1.5):
+        with pytest.raises(LeaseValueError):
+            keeper.keep(new_lease_id(), ttl_s, time.monotonic() + 2)  # type: ignore[arg-type]
+    assert keeper.kept_count == 0
+
+
+async def test_is_kept_until_released(client: EtcdClient, keeper: KeepAliveLoop) -> None:
+    kept = await keep_new(client, keeper, 2)
+    other = new_lease_id()
+    assert keeper.is_kept(kept.lease_id) and not keeper.is_kept(other)
+    keeper.release(kept)
+    assert not keeper.is_kept(kept.lease_id)
+    await client.revoke(kept.lease_id)
+
+
+async def test_one_shot_renewals_answered_gone_and_unanswered(etcd_binary: str) -> None:
+    """``renew_once``: the send time and TTL of an answer, TTL 0 for a lease etcd no
+    longer has, and a clear error when no answer comes in time (a frozen member)."""
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=5)
+        keeper = KeepAliveLoop(client)
+        try:
+            lease_id, gone_id = new_lease_id(), new_lease_id()
+            await client.grant(10, lease_id)
+            await client.grant(10, gone_id)
+            await client.revoke(gone_id)
+            before = time.monotonic()
+            sent_at, ttl_s = await keeper.renew_once(lease_id, 5)
+            assert before <= sent_at <= time.monotonic() and ttl_s == 10
+            assert (await keeper.renew_once(gone_id, 5))[1] == 0
+            assert not keeper.is_kept(lease_id)  # renewed once, not kept
+            await asyncio.to_thread(etcd.members[0].pause)
+            expected = f"etcd: a keep-alive of lease {lease_id:x} was not answered in 0.3 s"
+            with pytest.raises(BackendUnavailable, match=f"^{re.escape(expected)}$"):
+                await asyncio.wait_for(keeper.renew_once(lease_id, 0.3), 5)
+        finally:
+            await asyncio.to_thread(etcd.members[0].resume)
+            await keeper.close()
+            await client.close()
 
 
 async def test_a_frozen_member_loses_every_lease_on_time(
@@ -334,8 +389,9 @@ async def test_closing_while_a_round_opens_leaves_no_stream_behind(etcd_binary: 
 
 
 def readers() -> list[asyncio.Task[object]]:
-    return [
-        task
-        for task in asyncio.all_tasks()
-        if task.get_name() == "etcd-leases keep-alive reader" and not task.done()
-    ]
+    return tasks_named("etcd-leases keep-alive reader")
+
+
+def tasks_named(name: str) -> list[asyncio.Task[object]]:
+    """The tasks of that name not done yet."""
+    return [task for task in asyncio.all_tasks() if task.get_name() == name and not task.done()]
