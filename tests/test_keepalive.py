@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import AsyncIterator
@@ -176,6 +177,54 @@ async def test_one_shot_renewals_answered_gone_and_unanswered(etcd_binary: str) 
             await asyncio.to_thread(etcd.members[0].resume)
             await keeper.close()
             await client.close()
+
+
+async def test_one_silence_warning_per_outage(
+    etcd_binary: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """etcd silent past a renewal interval is warned about once per outage, saying for how
+    long; streams that end sooner say nothing; answers coming back are logged and re-arm
+    the warning for the next outage."""
+    caplog.set_level(logging.INFO, logger="etcd_leases.etcd.keepalive")
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=1)
+        keeper = KeepAliveLoop(client)
+
+        async def warnings_until_lost() -> list[float]:
+            """Kill etcd a moment after an answer (its streams end at once); the silences
+            warned about until the lease is lost."""
+            # A 6 s TTL: renewals every 2 s, so several rounds end (each a moment after
+            # the last, with a backoff of at most 1 s) between the silence passing 2 s
+            # and the lease's deadline, 6 s after its last renewal.
+            kept = await keep_new(client, keeper, 6)
+            answered = keeper.answers_received
+            await eventually(lambda: keeper.answers_received > answered, "renewed", timeout=5)
+            etcd.members[0].kill()
+            await asyncio.wait_for(kept.lost.wait(), 15)
+            return [
+                float(message.split()[6])
+                for message in messages(caplog, logging.WARNING)
+                if message.startswith("etcd has answered no keep-alive for")
+            ]
+
+        try:
+            silences = await warnings_until_lost()
+            assert len(silences) == 1 and 2.0 <= silences[0] < 6.5, silences
+            caplog.clear()
+            etcd.members[0].start()
+            silences = await warnings_until_lost()
+            assert len(silences) == 1 and 2.0 <= silences[0] < 6.5, silences
+            assert any(
+                message.startswith("etcd answers keep-alives again, after")
+                for message in messages(caplog, logging.INFO)
+            )
+        finally:
+            await keeper.close()
+            await client.close()
+
+
+def messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.levelno == level]
 
 
 async def test_a_frozen_member_loses_every_lease_on_time(
