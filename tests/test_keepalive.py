@@ -62,7 +62,8 @@ async def test_a_kept_lease_outlives_its_ttl(client: EtcdClient, keeper: KeepAli
     # A third of the TTL apart: about 12 renewals in 4 s. At least one per TTL, or it
     # would have been lost; not many more than one per third (no renewing in a loop).
     assert 4 <= keeper.requests_sent <= 24
-    assert keeper.answers_received >= keeper.requests_sent - 2
+    # Each request answered once at most; answers lag by those in flight.
+    assert keeper.requests_sent - 2 <= keeper.answers_received <= keeper.requests_sent
     await client.revoke(kept.lease_id)
 
 
@@ -169,6 +170,7 @@ async def test_one_shot_renewals_answered_gone_and_unanswered(etcd_binary: str) 
             assert before <= sent_at <= time.monotonic() and ttl_s == 10
             assert (await keeper.renew_once(gone_id, 5))[1] == 0
             assert not keeper.is_kept(lease_id)  # renewed once, not kept
+            assert keeper.requests_sent >= 2  # more if a slow round was widened
             await asyncio.to_thread(etcd.members[0].pause)
             expected = f"etcd: a keep-alive of lease {lease_id:x} was not answered in 0.3 s"
             with pytest.raises(BackendUnavailable, match=f"^{re.escape(expected)}$"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -148,10 +149,14 @@ async def test_build_info_keepalive_round_trips_and_etcd_reachability(etcd_binar
             assert value(registry, "etcd_leases_build_info", version=__version__) == 1
             assert value(registry, "etcd_leases_etcd_reachable") == 0  # nothing answered yet
             round_trips = "etcd_leases_keepalive_round_trip_seconds_count"
+            started = time.monotonic()
             async with metered.hold("job", "alice", 3000):  # renewed every second
                 assert value(registry, "etcd_leases_etcd_reachable") == 1
                 await eventually(lambda: value(registry, round_trips) >= 2, "two keep-alives")
-            assert value(registry, "etcd_leases_keepalive_round_trip_seconds_sum") > 0
+            # Read together (no await between): each round trip began after `started`.
+            total = value(registry, "etcd_leases_keepalive_round_trip_seconds_sum")
+            count = value(registry, round_trips)
+            assert 0 < total <= count * (time.monotonic() - started)
 
             etcd.members[0].pause()
             try:
