@@ -229,6 +229,31 @@ def messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
     return [record.getMessage() for record in caplog.records if record.levelno == level]
 
 
+async def test_a_down_member_is_tried_again_with_backoff(
+    etcd_binary: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Streams to a killed member end at once; new ones follow after 50 ms, 100 ms, ...
+    up to 1 s apart: about 7 rounds in the first 3 s, never a tight loop, never none."""
+    caplog.set_level(logging.INFO, logger="etcd_leases.etcd.keepalive")
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=1)
+        keeper = KeepAliveLoop(client)
+        try:
+            await keep_new(client, keeper, 10)
+            await eventually(lambda: keeper.answers_received > 0, "renewed", timeout=5)
+            etcd.members[0].kill()
+            await asyncio.sleep(3.0)
+            rounds = [
+                message
+                for message in messages(caplog, logging.INFO)
+                if message.startswith("etcd keep-alive streams ended")
+            ]
+            assert 3 <= len(rounds) <= 15, rounds
+        finally:
+            await keeper.close()
+            await client.close()
+
+
 async def test_a_frozen_member_loses_every_lease_on_time(
     etcd: EtcdCluster, client: EtcdClient, keeper: KeepAliveLoop
 ) -> None:
