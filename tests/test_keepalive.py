@@ -254,6 +254,33 @@ async def test_a_down_member_is_tried_again_with_backoff(
             await client.close()
 
 
+async def test_an_error_escaping_the_sender_loses_every_lease_at_once(
+    etcd_binary: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sender handles every stream failure itself: an error that escapes it is a bug.
+    It is logged, and the leases are lost at once, not left to run out unrenewed."""
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=1)
+        keeper = KeepAliveLoop(client)
+        try:
+            kept = await keep_new(client, keeper, 30)
+            await eventually(lambda: keeper.answers_received > 0, "renewed", timeout=5)
+
+            def bug(reason: str) -> None:
+                raise RuntimeError("a bug")
+
+            # Called after every round: the member's death ends this one.
+            monkeypatch.setattr(keeper, "_log_silence", bug)
+            etcd.members[0].kill()
+            await asyncio.wait_for(kept.lost.wait(), 5)  # long before its 30 s deadline
+            assert kept.lost_reason == "keep-alive loop failed: RuntimeError('a bug')"
+            assert messages(caplog, logging.ERROR) == ["the keep-alive loop failed"]
+            assert keeper.closed and keeper.kept_count == 0
+        finally:
+            await keeper.close()
+            await client.close()
+
+
 async def test_a_frozen_member_loses_every_lease_on_time(
     etcd: EtcdCluster, client: EtcdClient, keeper: KeepAliveLoop
 ) -> None:
