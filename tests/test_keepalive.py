@@ -140,9 +140,40 @@ async def test_keep_refuses_a_ttl_that_is_not_a_positive_int(
     client: EtcdClient, keeper: KeepAliveLoop
 ) -> None:
     for ttl_s in (0, -1, True, 1.5):
-        with pytest.raises(LeaseValueError):
+        with pytest.raises(LeaseValueError, match=f"^ttl_s must be a positive int, got {ttl_s}$"):
             keeper.keep(new_lease_id(), ttl_s, time.monotonic() + 2)  # type: ignore[arg-type]
     assert keeper.kept_count == 0
+
+
+async def test_keeping_a_lease_again(client: EtcdClient, keeper: KeepAliveLoop) -> None:
+    """Past its deadline (the watchdog not run yet), that tenure is lost and a new one
+    begins; within it, the same :class:`KeptLease`, its deadline extended."""
+    lease_id = new_lease_id()
+    await client.grant(5, lease_id)
+    first = keeper.keep(lease_id, 5, time.monotonic() + 0.05)
+    # The event loop blocked: the watchdog cannot mark it lost first.
+    time.sleep(0.1)  # noqa: ASYNC251
+    second = keeper.keep(lease_id, 5, time.monotonic() + 4)
+    assert first.lost_reason == DEADLINE_PASSED
+    assert second is not first and not second.lost.is_set() and keeper.kept_count == 1
+    again = keeper.keep(lease_id, 5, time.monotonic() + 4.5)
+    assert again is second and second.remaining() > 4.4
+    await client.revoke(lease_id)
+
+
+async def test_a_lease_kept_on_an_open_round_is_renewed_a_third_of_its_ttl_on(
+    client: EtcdClient, keeper: KeepAliveLoop
+) -> None:
+    """Not at once (its grant proved it alive for the TTL) and not later: the sender,
+    asleep until the next renewal due, is woken for one due sooner."""
+    await keep_new(client, keeper, 30)  # renewed as the round opens, next in 10 s
+    await eventually(lambda: keeper.answers_received > 0, "renewed", timeout=5)
+    sent = keeper.requests_sent
+    granted = time.monotonic()
+    short = await keep_new(client, keeper, 3)
+    await eventually(lambda: keeper.requests_sent > sent, "the short lease renewed", timeout=5)
+    assert time.monotonic() - granted >= 1.0
+    assert not short.lost.is_set()
 
 
 async def test_is_kept_until_released(client: EtcdClient, keeper: KeepAliveLoop) -> None:
