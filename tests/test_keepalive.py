@@ -260,6 +260,37 @@ def messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
     return [record.getMessage() for record in caplog.records if record.levelno == level]
 
 
+async def test_silence_is_counted_from_the_first_lease_kept_after_none(
+    etcd_binary: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A loop that kept nothing for a while had no answers to wait for: a lease kept
+    then, etcd down, is warned about once *it* went a renewal interval unrenewed."""
+    caplog.set_level(logging.WARNING, logger="etcd_leases.etcd.keepalive")
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=1)
+        keeper = KeepAliveLoop(client)
+        try:
+            first = await keep_new(client, keeper, 3)
+            await eventually(lambda: keeper.answers_received > 0, "renewed", timeout=5)
+            keeper.release(first)
+            await asyncio.sleep(4.0)  # idle: nothing to renew, nothing answered
+            lease_id = new_lease_id()
+            sent = time.monotonic()
+            granted = await client.grant(3, lease_id)
+            etcd.members[0].kill()
+            kept = keeper.keep(lease_id, granted, sent + granted)
+            await asyncio.wait_for(kept.lost.wait(), 10)
+            silences = [
+                float(message.split()[6])
+                for message in messages(caplog, logging.WARNING)
+                if message.startswith("etcd has answered no keep-alive for")
+            ]
+            assert len(silences) == 1 and 1.0 <= silences[0] < 4.0, silences
+        finally:
+            await keeper.close()
+            await client.close()
+
+
 async def test_a_down_member_is_tried_again_with_backoff(
     etcd_binary: str, caplog: pytest.LogCaptureFixture
 ) -> None:
