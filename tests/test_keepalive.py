@@ -133,7 +133,11 @@ async def test_close_marks_every_kept_lease_lost(client: EtcdClient) -> None:
         keeper.request_renewal(leases[0].lease_id)
     for kept in leases:
         await client.revoke(kept.lease_id)
-    await KeepAliveLoop(client).close()  # one that never kept a lease
+    fresh = KeepAliveLoop(client)  # one that never kept a lease
+    assert (fresh.requests_sent, fresh.answers_received, fresh.last_member_id) == (0, 0, None)
+    assert fresh.kept_count == 0 and not fresh.closed
+    await fresh.close()
+    assert fresh.closed
 
 
 async def test_keep_refuses_a_ttl_that_is_not_a_positive_int(
@@ -206,6 +210,15 @@ async def test_one_shot_renewals_answered_gone_and_unanswered(etcd_binary: str) 
             expected = f"etcd: a keep-alive of lease {lease_id:x} was not answered in 0.3 s"
             with pytest.raises(BackendUnavailable, match=f"^{re.escape(expected)}$"):
                 await asyncio.wait_for(keeper.renew_once(lease_id, 0.3), 5)
+            await asyncio.to_thread(etcd.members[0].resume)
+            # A loop that has had no answer yet outlives rounds ended by etcd being down.
+            etcd.members[0].kill()
+            await keeper.close()
+            keeper = KeepAliveLoop(client)
+            with pytest.raises(BackendUnavailable):
+                await keeper.renew_once(lease_id, 0.5)
+            etcd.members[0].start()
+            assert (await keeper.renew_once(lease_id, 5))[1] > 0
         finally:
             await asyncio.to_thread(etcd.members[0].resume)
             await keeper.close()
@@ -243,6 +256,9 @@ async def test_one_silence_warning_per_outage(
         try:
             silences = await warnings_until_lost()
             assert len(silences) == 1 and 2.0 <= silences[0] < 6.5, silences
+            assert not [
+                m for m in messages(caplog, logging.INFO) if "answers keep-alives again" in m
+            ]
             caplog.clear()
             etcd.members[0].start()
             silences = await warnings_until_lost()
