@@ -88,15 +88,25 @@ def _raised_in_the_library(record: logging.LogRecord) -> bool:
     return any(f"{os.sep}etcd_leases{os.sep}" in frame.filename for frame in frames)
 
 
+# The loggers of the library's background work, whose ERROR records say it failed:
+# tasks, the keep-alive sender and readers, the watch streams.
+_BACKGROUND_LOGGERS = (
+    "etcd_leases.etcd.tasks",
+    "etcd_leases.etcd.keepalive",  # renewal_stream logs here too
+    "etcd_leases.etcd.watch.stream",
+    "asyncio",
+)
+
+
 @pytest.fixture(autouse=True)
 def no_background_task_fails() -> Iterator[Records]:
     """Fail the test in which a background task of the library (a settlement, a
-    revoke, a pool refill) or one of its event-loop callbacks (the keep-alive loop's
-    watchdog) fails: each catches what etcd can answer, so its failure is a defect,
-    which would otherwise only be logged. (A test that makes one fail on purpose takes
-    the records, and clears them.)"""
+    revoke, a pool refill, the keep-alive sender, a stream's reader) or one of its
+    event-loop callbacks (the keep-alive loop's watchdog) fails: each catches what etcd
+    can answer, so its failure is a defect, which would otherwise only be logged. (A
+    test that makes one fail on purpose takes the records, and clears them.)"""
     failures = LibraryFailures()
-    loggers = [logging.getLogger("etcd_leases.etcd.tasks"), logging.getLogger("asyncio")]
+    loggers = [logging.getLogger(name) for name in _BACKGROUND_LOGGERS]
     for logger in loggers:
         logger.addHandler(failures)
     try:

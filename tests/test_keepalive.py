@@ -22,7 +22,7 @@ from etcd_leases.etcd.kept_lease import (
 from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.testing import EtcdCluster, EtcdMember
 from etcd_leases.testing.load import cpu_hogs
-from tests.conftest import enable_auth, eventually
+from tests.conftest import Records, enable_auth, eventually
 
 CLOSED = r"^the provider is closed$"
 
@@ -333,7 +333,7 @@ async def test_a_down_member_is_tried_again_with_backoff(
 
 
 async def test_an_error_escaping_the_sender_loses_every_lease_at_once(
-    etcd_binary: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    etcd_binary: str, no_background_task_fails: Records, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The sender handles every stream failure itself: an error that escapes it is a bug.
     It is logged, and the leases are lost at once, not left to run out unrenewed."""
@@ -352,7 +352,9 @@ async def test_an_error_escaping_the_sender_loses_every_lease_at_once(
             etcd.members[0].kill()
             await asyncio.wait_for(kept.lost.wait(), 5)  # long before its 30 s deadline
             assert kept.lost_reason == "keep-alive loop failed: RuntimeError('a bug')"
-            assert messages(caplog, logging.ERROR) == ["the keep-alive loop failed"]
+            records = no_background_task_fails.records
+            assert [r.getMessage() for r in records] == ["the keep-alive loop failed"]
+            records.clear()  # failed on purpose
             assert keeper.closed and keeper.kept_count == 0
         finally:
             await keeper.close()

@@ -19,7 +19,7 @@ from etcd_leases.etcd.renewal_stream import LANES, Inflight, Renewal, RenewalStr
 from etcd_leases.etcd.rpc_errors import is_no_leader
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import enable_auth, eventually
+from tests.conftest import Records, enable_auth, eventually
 
 
 class Events:
@@ -210,7 +210,7 @@ async def test_a_stream_whose_channel_closes_ends_as_cancelled(etcd_binary: str)
 
 
 async def test_an_answer_handler_that_raises_ends_the_stream_and_is_logged(
-    client: EtcdClient, caplog: pytest.LogCaptureFixture
+    client: EtcdClient, no_background_task_fails: Records
 ) -> None:
     (lease_id,) = await _granted(client)
     ended: list[RenewalStream] = []
@@ -228,9 +228,11 @@ async def test_an_answer_handler_that_raises_ends_the_stream_and_is_logged(
     await eventually(lambda: stream.ended, "the stream ended")
     assert stream.failure == "unexpected error in the keep-alive reader" and stream.failed
     assert ended == [stream]
-    (record,) = [r for r in caplog.records if r.name == "etcd_leases.etcd.keepalive"]
+    (record,) = no_background_task_fails.records
+    assert record.name == "etcd_leases.etcd.keepalive"
     assert record.getMessage() == "the keep-alive reader failed"
     assert record.exc_info and str(record.exc_info[1]) == "a bug in the handler"
+    no_background_task_fails.records.clear()  # failed on purpose
     await stream.wait_ended()
 
 
