@@ -140,6 +140,20 @@ async def test_close_marks_every_kept_lease_lost(client: EtcdClient) -> None:
     assert fresh.closed
 
 
+async def test_a_client_closed_under_the_loop_loses_its_leases_as_closed(
+    etcd_binary: str,
+) -> None:
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=1)
+        keeper = KeepAliveLoop(client)
+        kept = await keep_new(client, keeper, 10)
+        await eventually(lambda: keeper.answers_received > 0, "renewed", timeout=5)
+        await client.close()
+        await asyncio.wait_for(kept.lost.wait(), 5)
+        assert kept.lost_reason == PROVIDER_CLOSED and keeper.closed
+        await keeper.close()
+
+
 async def test_keep_refuses_a_ttl_that_is_not_a_positive_int(
     client: EtcdClient, keeper: KeepAliveLoop
 ) -> None:
