@@ -585,6 +585,33 @@ async def test_closing_while_a_round_opens_leaves_no_stream_behind(etcd_binary: 
             await asyncio.to_thread(cluster.members[0].resume)
 
 
+async def test_a_frozen_members_unanswered_login_does_not_hold_up_renewals(
+    etcd_binary: str,
+) -> None:
+    """With auth, a round logs in on every member before opening its stream; a frozen
+    member never answers its login, and the round opens on the others without it."""
+    with EtcdCluster(3, binary=etcd_binary) as cluster:
+        enable_auth(cluster)
+        client = EtcdClient(cluster.endpoints, timeout=5, username="root", password="rootpw")
+        keeper = KeepAliveLoop(client)
+        frozen = cluster.members[0]
+        try:
+            if frozen is cluster.leader():  # the others must keep a quorum and its leader
+                cluster.move_leader(cluster.members[1])
+            sent = time.monotonic()
+            lease_id = new_lease_id()
+            granted = await client.grant(3, lease_id)
+            client.auth.invalidate(0)  # its next login is to be asked again
+            await asyncio.to_thread(frozen.pause)
+            kept = keeper.keep(lease_id, granted, sent + granted)
+            await asyncio.sleep(4.5)  # past the grant's TTL: renewed, or lost
+            assert not kept.lost.is_set(), kept.lost_reason
+        finally:
+            await keeper.close()
+            await client.close()
+            await asyncio.to_thread(frozen.resume)
+
+
 def readers() -> list[asyncio.Task[object]]:
     return tasks_named("etcd-leases keep-alive reader")
 
