@@ -118,6 +118,7 @@ async def test_close_marks_every_kept_lease_lost(client: EtcdClient) -> None:
     keeper = KeepAliveLoop(client)
     leases = [await keep_new(client, keeper, 2) for _ in range(3)]
     await eventually(lambda: keeper.answers_received > 0, "a round answered")
+    assert len(tasks_named("etcd-leases keep-alive sender")) == 1  # named in task dumps
     # Queued, not sent yet: its caller is told the provider closed, not left waiting.
     queued = keeper.request_renewal(leases[0].lease_id)
     await keeper.close()
