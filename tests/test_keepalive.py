@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -32,6 +33,21 @@ async def keeper(client: EtcdClient) -> AsyncIterator[KeepAliveLoop]:
     loop = KeepAliveLoop(client)
     yield loop
     await loop.close()
+
+
+@contextlib.asynccontextmanager
+async def lone_keeper(
+    etcd_binary: str,
+) -> AsyncIterator[tuple[EtcdCluster, EtcdClient, KeepAliveLoop]]:
+    """A keep-alive loop on a single-member etcd of its own, to kill or freeze."""
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=1)
+        keeper = KeepAliveLoop(client)
+        try:
+            yield etcd, client, keeper
+        finally:
+            await keeper.close()
+            await client.close()
 
 
 async def keep_new(client: EtcdClient, keeper: KeepAliveLoop, ttl_s: int) -> KeptLease:
@@ -247,9 +263,7 @@ async def test_one_silence_warning_per_outage(
     long; streams that end sooner say nothing; answers coming back are logged and re-arm
     the warning for the next outage."""
     caplog.set_level(logging.INFO, logger="etcd_leases.etcd.keepalive")
-    with EtcdCluster(1, binary=etcd_binary) as etcd:
-        client = EtcdClient(etcd.endpoints, timeout=1)
-        keeper = KeepAliveLoop(client)
+    async with lone_keeper(etcd_binary) as (etcd, client, keeper):
 
         async def warnings_until_lost() -> list[float]:
             """Kill etcd a moment after an answer (its streams end at once); the silences
@@ -268,23 +282,17 @@ async def test_one_silence_warning_per_outage(
                 if message.startswith("etcd has answered no keep-alive for")
             ]
 
-        try:
-            silences = await warnings_until_lost()
-            assert len(silences) == 1 and 2.0 <= silences[0] < 6.5, silences
-            assert not [
-                m for m in messages(caplog, logging.INFO) if "answers keep-alives again" in m
-            ]
-            caplog.clear()
-            etcd.members[0].start()
-            silences = await warnings_until_lost()
-            assert len(silences) == 1 and 2.0 <= silences[0] < 6.5, silences
-            assert any(
-                message.startswith("etcd answers keep-alives again, after")
-                for message in messages(caplog, logging.INFO)
-            )
-        finally:
-            await keeper.close()
-            await client.close()
+        silences = await warnings_until_lost()
+        assert len(silences) == 1 and 2.0 <= silences[0] < 6.5, silences
+        assert not [m for m in messages(caplog, logging.INFO) if "answers keep-alives again" in m]
+        caplog.clear()
+        etcd.members[0].start()
+        silences = await warnings_until_lost()
+        assert len(silences) == 1 and 2.0 <= silences[0] < 6.5, silences
+        assert any(
+            message.startswith("etcd answers keep-alives again, after")
+            for message in messages(caplog, logging.INFO)
+        )
 
 
 def messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
@@ -297,29 +305,23 @@ async def test_silence_is_counted_from_the_first_lease_kept_after_none(
     """A loop that kept nothing for a while had no answers to wait for: a lease kept
     then, etcd down, is warned about once *it* went a renewal interval unrenewed."""
     caplog.set_level(logging.WARNING, logger="etcd_leases.etcd.keepalive")
-    with EtcdCluster(1, binary=etcd_binary) as etcd:
-        client = EtcdClient(etcd.endpoints, timeout=1)
-        keeper = KeepAliveLoop(client)
-        try:
-            first = await keep_new(client, keeper, 3)
-            await eventually(lambda: keeper.answers_received > 0, "renewed", timeout=5)
-            keeper.release(first)
-            await asyncio.sleep(4.0)  # idle: nothing to renew, nothing answered
-            lease_id = new_lease_id()
-            sent = time.monotonic()
-            granted = await client.grant(3, lease_id)
-            etcd.members[0].kill()
-            kept = keeper.keep(lease_id, granted, sent + granted)
-            await asyncio.wait_for(kept.lost.wait(), 10)
-            silences = [
-                float(message.split()[6])
-                for message in messages(caplog, logging.WARNING)
-                if message.startswith("etcd has answered no keep-alive for")
-            ]
-            assert len(silences) == 1 and 1.0 <= silences[0] < 4.0, silences
-        finally:
-            await keeper.close()
-            await client.close()
+    async with lone_keeper(etcd_binary) as (etcd, client, keeper):
+        first = await keep_new(client, keeper, 3)
+        await eventually(lambda: keeper.answers_received > 0, "renewed", timeout=5)
+        keeper.release(first)
+        await asyncio.sleep(4.0)  # idle: nothing to renew, nothing answered
+        lease_id = new_lease_id()
+        sent = time.monotonic()
+        granted = await client.grant(3, lease_id)
+        etcd.members[0].kill()
+        kept = keeper.keep(lease_id, granted, sent + granted)
+        await asyncio.wait_for(kept.lost.wait(), 10)
+        silences = [
+            float(message.split()[6])
+            for message in messages(caplog, logging.WARNING)
+            if message.startswith("etcd has answered no keep-alive for")
+        ]
+        assert len(silences) == 1 and 1.0 <= silences[0] < 4.0, silences
 
 
 async def test_a_down_member_is_tried_again_with_backoff(
@@ -328,23 +330,17 @@ async def test_a_down_member_is_tried_again_with_backoff(
     """Streams to a killed member end at once; new ones follow after 50 ms, 100 ms, ...
     up to 1 s apart: about 7 rounds in the first 3 s, never a tight loop, never none."""
     caplog.set_level(logging.INFO, logger="etcd_leases.etcd.keepalive")
-    with EtcdCluster(1, binary=etcd_binary) as etcd:
-        client = EtcdClient(etcd.endpoints, timeout=1)
-        keeper = KeepAliveLoop(client)
-        try:
-            await keep_new(client, keeper, 10)
-            await eventually(lambda: keeper.answers_received > 0, "renewed", timeout=5)
-            etcd.members[0].kill()
-            await asyncio.sleep(3.0)
-            rounds = [
-                message
-                for message in messages(caplog, logging.INFO)
-                if message.startswith("etcd keep-alive streams ended")
-            ]
-            assert 3 <= len(rounds) <= 15, rounds
-        finally:
-            await keeper.close()
-            await client.close()
+    async with lone_keeper(etcd_binary) as (etcd, client, keeper):
+        await keep_new(client, keeper, 10)
+        await eventually(lambda: keeper.answers_received > 0, "renewed", timeout=5)
+        etcd.members[0].kill()
+        await asyncio.sleep(3.0)
+        rounds = [
+            message
+            for message in messages(caplog, logging.INFO)
+            if message.startswith("etcd keep-alive streams ended")
+        ]
+        assert 3 <= len(rounds) <= 15, rounds
 
 
 async def test_an_error_escaping_the_sender_loses_every_lease_at_once(
@@ -352,28 +348,22 @@ async def test_an_error_escaping_the_sender_loses_every_lease_at_once(
 ) -> None:
     """The sender handles every stream failure itself: an error that escapes it is a bug.
     It is logged, and the leases are lost at once, not left to run out unrenewed."""
-    with EtcdCluster(1, binary=etcd_binary) as etcd:
-        client = EtcdClient(etcd.endpoints, timeout=1)
-        keeper = KeepAliveLoop(client)
-        try:
-            kept = await keep_new(client, keeper, 30)
-            await eventually(lambda: keeper.answers_received > 0, "renewed", timeout=5)
+    async with lone_keeper(etcd_binary) as (etcd, client, keeper):
+        kept = await keep_new(client, keeper, 30)
+        await eventually(lambda: keeper.answers_received > 0, "renewed", timeout=5)
 
-            def bug(reason: str) -> None:
-                raise RuntimeError("a bug")
+        def bug(reason: str) -> None:
+            raise RuntimeError("a bug")
 
-            # Called after every round: the member's death ends this one.
-            monkeypatch.setattr(keeper, "_log_silence", bug)
-            etcd.members[0].kill()
-            await asyncio.wait_for(kept.lost.wait(), 5)  # long before its 30 s deadline
-            assert kept.lost_reason == "keep-alive loop failed: RuntimeError('a bug')"
-            records = no_background_task_fails.records
-            assert [r.getMessage() for r in records] == ["the keep-alive loop failed"]
-            records.clear()  # failed on purpose
-            assert keeper.closed and keeper.kept_count == 0
-        finally:
-            await keeper.close()
-            await client.close()
+        # Called after every round: the member's death ends this one.
+        monkeypatch.setattr(keeper, "_log_silence", bug)
+        etcd.members[0].kill()
+        await asyncio.wait_for(kept.lost.wait(), 5)  # long before its 30 s deadline
+        assert kept.lost_reason == "keep-alive loop failed: RuntimeError('a bug')"
+        records = no_background_task_fails.records
+        assert [r.getMessage() for r in records] == ["the keep-alive loop failed"]
+        records.clear()  # failed on purpose
+        assert keeper.closed and keeper.kept_count == 0
 
 
 async def test_a_frozen_member_loses_every_lease_on_time(
