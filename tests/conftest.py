@@ -89,7 +89,8 @@ def _raised_in_the_library(record: logging.LogRecord) -> bool:
 
 
 # The loggers of the library's background work, whose ERROR records say it failed:
-# tasks, the keep-alive sender and readers, the watch streams.
+# tasks, the keep-alive sender and readers, the lease-loss callbacks (the recipes'
+# own), the watch streams.
 _BACKGROUND_LOGGERS = (
     "etcd_leases.etcd.tasks",
     "etcd_leases.etcd.keepalive",  # renewal_stream logs here too

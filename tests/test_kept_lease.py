@@ -10,6 +10,7 @@ import pytest
 
 from etcd_leases.etcd.kept_lease import KeptLease
 from etcd_leases.etcd.lease_ids import is_session_lease, new_lease_id
+from tests.conftest import Records
 
 
 def test_lease_ids_are_positive_int64s_and_say_whether_they_are_a_session() -> None:
@@ -57,7 +58,7 @@ async def test_loss_callbacks_run_once_with_the_lease_and_can_be_taken_back() ->
 
 
 async def test_a_loss_callback_that_raises_is_logged_and_stops_no_other(
-    caplog: pytest.LogCaptureFixture,
+    no_background_task_fails: Records,
 ) -> None:
     kept = KeptLease(0xABC, 3, time.monotonic() + 3)
     after: list[KeptLease] = []
@@ -67,11 +68,12 @@ async def test_a_loss_callback_that_raises_is_logged_and_stops_no_other(
 
     kept.add_loss_callback(fails)
     kept.add_loss_callback(after.append)
-    with caplog.at_level(logging.ERROR):
-        kept._set_lost("gone")
+    kept._set_lost("gone")
     assert after == [kept]
-    (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    (record,) = no_background_task_fails.records
+    assert record.levelno == logging.ERROR
     assert "lease abc failed" in record.getMessage() and "fails" in record.getMessage()
+    no_background_task_fails.records.clear()  # failed on purpose
 
 
 async def test_a_kept_lease_shows_its_id_ttl_and_state() -> None:
