@@ -276,11 +276,7 @@ async def test_one_silence_warning_per_outage(
             await eventually(lambda: keeper.answers_received > answered, "renewed", timeout=5)
             etcd.members[0].kill()
             await asyncio.wait_for(kept.lost.wait(), 15)
-            return [
-                float(message.split()[6])
-                for message in messages(caplog, logging.WARNING)
-                if message.startswith("etcd has answered no keep-alive for")
-            ]
+            return silences_warned(caplog)
 
         silences = await warnings_until_lost()
         assert len(silences) == 1 and 2.0 <= silences[0] < 6.5, silences
@@ -293,6 +289,15 @@ async def test_one_silence_warning_per_outage(
             message.startswith("etcd answers keep-alives again, after")
             for message in messages(caplog, logging.INFO)
         )
+
+
+def silences_warned(caplog: pytest.LogCaptureFixture) -> list[float]:
+    """The silences, in seconds, that etcd-silent warnings reported."""
+    return [
+        float(message.split()[6])
+        for message in messages(caplog, logging.WARNING)
+        if message.startswith("etcd has answered no keep-alive for")
+    ]
 
 
 def messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
@@ -316,11 +321,7 @@ async def test_silence_is_counted_from_the_first_lease_kept_after_none(
         etcd.members[0].kill()
         kept = keeper.keep(lease_id, granted, sent + granted)
         await asyncio.wait_for(kept.lost.wait(), 10)
-        silences = [
-            float(message.split()[6])
-            for message in messages(caplog, logging.WARNING)
-            if message.startswith("etcd has answered no keep-alive for")
-        ]
+        silences = silences_warned(caplog)
         assert len(silences) == 1 and 1.0 <= silences[0] < 4.0, silences
 
 
