@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import re
 import time
@@ -342,6 +343,39 @@ async def test_a_down_member_is_tried_again_with_backoff(
             if message.startswith("etcd keep-alive streams ended")
         ]
         assert 3 <= len(rounds) <= 15, rounds
+
+
+async def test_a_served_round_ends_the_backoff(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Backoff is for members that fail: once a round was answered, the next round after
+    it opens at once however many failed before (a leader change ending served streams
+    again and again must not cost a growing wait each time).
+
+    The rounds are stand-ins that end at once, three unanswered then answered ones, so the
+    test reads the sender's pace in event-loop turns, not in seconds: served rounds follow
+    each other turn after turn, where one wait of 50 ms to 1 s would hold them up."""
+    keeper = KeepAliveLoop(client)
+    answers = itertools.chain([False] * 3, itertools.repeat(True))
+    served = 0
+
+    async def round_ending_at_once() -> tuple[bool, str]:
+        nonlocal served
+        await asyncio.sleep(0)
+        answered = next(answers)
+        served += answered
+        return answered, "a stand-in round"
+
+    monkeypatch.setattr(keeper, "_renew_in_a_round", round_ending_at_once)
+    try:
+        await keep_new(client, keeper, 30)  # starts the sender
+        await eventually(lambda: served > 0, "a served round", timeout=5)
+        first = served
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert served - first >= 20
+    finally:
+        await keeper.close()
 
 
 async def test_an_error_escaping_the_sender_loses_every_lease_at_once(
