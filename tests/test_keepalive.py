@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from etcd_leases.errors import BackendUnavailable, LeaseValueError, ProviderClosed
+from etcd_leases.etcd import keepalive
+from etcd_leases.etcd.backoff import Backoff
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.keepalive import KeepAliveLoop
 from etcd_leases.etcd.kept_lease import (
@@ -345,37 +347,54 @@ async def test_a_down_member_is_tried_again_with_backoff(
         assert 3 <= len(rounds) <= 15, rounds
 
 
-async def test_a_served_round_ends_the_backoff(
+async def test_rounds_back_off_while_unanswered_and_start_over_once_served(
     client: EtcdClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Backoff is for members that fail: once a round was answered, the next round after
-    it opens at once however many failed before (a leader change ending served streams
-    again and again must not cost a growing wait each time).
+    """Backoff is for members that fail: each unanswered round waits longer before the
+    next, and once a round was answered the next opens at once, and a later failure
+    waits the shortest time again (a leader change ending served streams again and
+    again must not cost a growing wait each time).
 
-    The rounds are stand-ins that end at once, three unanswered then answered ones, so the
-    test reads the sender's pace in event-loop turns, not in seconds: served rounds follow
-    each other turn after turn, where one wait of 50 ms to 1 s would hold them up."""
-    keeper = KeepAliveLoop(client)
-    answers = itertools.chain([False] * 3, itertools.repeat(True))
-    served = 0
+    The rounds are stand-ins that end at once, so what the sender does is read in order
+    (rounds, waits, restarts), not in seconds."""
+    events: list[str] = []
+    answers = itertools.chain([False] * 4 + [True] * 3 + [False], itertools.repeat(True))
+
+    class RecordedBackoff(Backoff):
+        def failed(self) -> float:
+            wait = super().failed()
+            events.append(f"wait {wait:g}")
+            return wait
+
+        def reset(self) -> None:
+            super().reset()
+            events.append("start over")
 
     async def round_ending_at_once() -> tuple[bool, str]:
-        nonlocal served
         await asyncio.sleep(0)
         answered = next(answers)
-        served += answered
+        events.append("served" if answered else "unanswered")
         return answered, "a stand-in round"
 
+    monkeypatch.setattr(keepalive, "Backoff", RecordedBackoff)
+    keeper = KeepAliveLoop(client)
     monkeypatch.setattr(keeper, "_renew_in_a_round", round_ending_at_once)
     try:
         await keep_new(client, keeper, 30)  # starts the sender
-        await eventually(lambda: served > 0, "a served round", timeout=5)
-        first = served
-        for _ in range(100):
-            await asyncio.sleep(0)
-        assert served - first >= 20
+        await eventually(lambda: len(events) >= 18, "eight rounds and more", timeout=10)
     finally:
         await keeper.close()
+    unanswered = ["unanswered", "wait 0.05", "unanswered", "wait 0.1", "unanswered", "wait 0.2"]
+    served = ["served", "start over"]
+    assert events[:18] == [
+        *unanswered,
+        "unanswered",
+        "wait 0.4",
+        *served * 3,
+        "unanswered",
+        "wait 0.05",
+        *served,
+    ]
 
 
 async def test_an_error_escaping_the_sender_loses_every_lease_at_once(

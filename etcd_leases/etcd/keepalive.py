@@ -32,6 +32,7 @@ import time
 from collections import deque
 
 from etcd_leases.errors import BackendUnavailable, LeaseValueError, ProviderClosed
+from etcd_leases.etcd.backoff import Backoff
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.kept_lease import (
     DEADLINE_PASSED,
@@ -52,7 +53,7 @@ _log = logging.getLogger(__name__)
 
 # A round that got no answer is followed by the next after 50 ms, 100 ms, ... up to
 # 1 s (less the round's own duration) while members keep failing.
-_BACKOFF_MIN_S = 0.05
+_BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 1.0
 # How long a login may take when a round opens streams.
 _LOGIN_TIMEOUT_S = 0.5
@@ -306,7 +307,7 @@ class KeepAliveLoop:
 
     async def _run(self) -> None:
         """The sender: one round after another until closed."""
-        failures = 0
+        backoff = Backoff(_BACKOFF_FIRST_S, _BACKOFF_MAX_S)
         while not self._closed:
             started = time.monotonic()
             try:
@@ -324,15 +325,15 @@ class KeepAliveLoop:
             if self._client.closed:  # the provider closed the client under us
                 self._shut(PROVIDER_CLOSED)
                 return
-            failures = 0 if answered else failures + 1
             _log.info("etcd keep-alive streams ended (%s); opening new ones", reason)
             self._log_silence(reason)
-            if failures:
+            if answered:
+                backoff.reset()
+            else:
                 # A keep() cuts the wait short: its caller just had a grant
                 # answered, so some member is reachable again.
                 self._wake.clear()
-                delay = min(_BACKOFF_MAX_S, _BACKOFF_MIN_S * 2 ** (failures - 1))
-                delay -= time.monotonic() - started
+                delay = backoff.failed() - (time.monotonic() - started)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, delay)):
                         await self._wake.wait()

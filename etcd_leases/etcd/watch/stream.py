@@ -41,6 +41,7 @@ from etcd_leases.errors import (
     PermissionDenied,
     ProviderClosed,
 )
+from etcd_leases.etcd.backoff import Backoff
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.rpc_errors import to_lease_error
 from etcd_leases.etcd.watch.refusals import Refusals, is_auth_refusal
@@ -58,8 +59,8 @@ _log = logging.getLogger(__name__)
 
 _WatchCall: TypeAlias = grpc.aio.StreamStreamCall[pb.WatchRequest, pb.WatchResponse]
 
-_MIN_BACKOFF_S = 0.05
-_MAX_BACKOFF_S = 1.0
+_BACKOFF_FIRST_S = 0.05
+_BACKOFF_MAX_S = 1.0
 _HEALTHY_S = 2.0  # a stream that lived this long restarts the backoff when it breaks
 # A frozen member keeps the TCP connection open and answers nothing, and a holder's
 # key may then change unseen: while watchers are active, ask for progress when the
@@ -184,7 +185,7 @@ class WatchStream:
 
     async def _run(self) -> None:
         """Keep a stream open while watchers live; reopen it elsewhere when it breaks."""
-        backoff = _MIN_BACKOFF_S
+        backoff = Backoff(_BACKOFF_FIRST_S, _BACKOFF_MAX_S)
         try:
             while not self._closed:
                 if self._refusals:
@@ -213,15 +214,13 @@ class WatchStream:
                     if asyncio.get_running_loop().time() - opened >= _HEALTHY_S:
                         # It served a while: a fresh failure, not the same one again
                         # (a member that keeps refusing, a message we cannot take).
-                        backoff = _MIN_BACKOFF_S
+                        backoff.reset()
+                    wait = backoff.failed()
                     _log.info(
-                        "etcd watch stream broke (%s); reopening in %.2f s",
-                        _describe(exc),
-                        backoff,
+                        "etcd watch stream broke (%s); reopening in %.2f s", _describe(exc), wait
                     )
                     self._client.members.failed(self._endpoint)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                    await asyncio.sleep(wait)
                     continue
                 # The session ended because nobody watched for a while; a watcher
                 # may have come while it was shutting down.

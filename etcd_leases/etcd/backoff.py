@@ -1,0 +1,30 @@
+"""How soon to try a failing member again: waits that double while attempts keep
+failing, up to a ceiling, and start over once one succeeds.
+
+The keep-alive loop and the watch streams reopen their streams at this pace: quick
+enough that a member back after a blip serves again within tens of milliseconds, slow
+enough that a member that is down costs a request a second, not a tight loop.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Backoff"]
+
+
+class Backoff:
+    """Waits of ``first_s``, twice that, ... up to ``max_s``, one per failed attempt."""
+
+    def __init__(self, first_s: float, max_s: float) -> None:
+        self._first_s = first_s
+        self._max_s = max_s
+        self._next_s = first_s
+
+    def failed(self) -> float:
+        """One more attempt failed: the wait before the next."""
+        wait = self._next_s
+        self._next_s = min(2 * wait, self._max_s)
+        return wait
+
+    def reset(self) -> None:
+        """An attempt succeeded: the next failure waits ``first_s`` again."""
+        self._next_s = self._first_s
