@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from etcd_leases import HeldLease, LeaseValueError
+from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseValueError
 from etcd_leases.threads import Message, ThreadMessages, Threads
-from tests.conftest import Live
+from tests.conftest import ETCD_BINARIES, EtcdMembers, Live, unique_prefix
 
 
 class Poisoned:
@@ -66,6 +66,37 @@ async def test_a_dead_letter_can_be_retried_once_or_dropped(live: Live) -> None:
     assert await threads.drop_dead_letter(second)
     assert not await threads.drop_dead_letter(second)
     assert await threads.dead_letters("t") == []
+
+
+async def test_a_dead_letter_retried_with_run_is_delivered_at_once(live: Live) -> None:
+    handler = Poisoned()
+    threads = Threads(live.provider, handler, ttl_ms=5000, max_attempts=1, backoff_s=0)
+    await threads.send("t", "poison")
+    await threads.run("t")
+    (letter,) = await threads.dead_letters("t")
+    retried = await threads.retry_dead_letter(letter, run=True)
+    assert handler.attempts("poison") == [1, 1]  # delivered anew, and left again
+    (again,) = await threads.dead_letters("t")
+    assert (again.seq, again.attempts) == (retried.seq, 1)
+
+
+@pytest.mark.parametrize("version", ETCD_BINARIES)
+async def test_a_dead_letter_under_a_root_with_an_0xff_byte_is_retried_once(
+    version: str, etcd_members: EtcdMembers
+) -> None:
+    """A lease prefix without a trailing slash puts the inboxes under a root ending in an
+    0xFF byte (so that no inbox key falls under a lease key): the dead letters' ids hold
+    that byte, and retrying one, twice, still stores it once."""
+    endpoints = etcd_members.get(ETCD_BINARIES[version]).endpoints
+    async with EtcdLeaseProvider(endpoints, prefix=unique_prefix().rstrip("/")) as provider:
+        threads = Threads(provider, Poisoned(), ttl_ms=5000, max_attempts=1, backoff_s=0)
+        await threads.send("t", "poison")
+        await threads.run("t")
+        (letter,) = await threads.dead_letters("t")
+        assert "\udcff" in letter.id  # the root's 0xFF byte, kept as is
+        retried = await threads.retry_dead_letter(letter)
+        assert (await threads.retry_dead_letter(letter)).duplicate
+        assert [m.seq for m in await provider.inbox.pending("t")] == [retried.seq]
 
 
 async def test_the_delivery_count_survives_a_takeover(live: Live) -> None:

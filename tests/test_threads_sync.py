@@ -165,6 +165,28 @@ def test_quiet_sends_wake_and_cancel_pending_from_threads(providers: list[Provid
     assert [payload for _, payload, _, _ in handled.seen] == ["kept"]
 
 
+def test_dead_letters_listed_retried_and_dropped_from_threads(providers: list[Provider]) -> None:
+    delivered: list[str] = []
+
+    def leave_poison(thread: str, lease: SyncHeldLease, messages: SyncThreadMessages) -> None:
+        for message in messages:
+            delivered.append(message.text)
+            return  # left unacknowledged: a failed delivery
+
+    threads = Threads(providers[0], leave_poison, ttl_ms=5000, max_attempts=1, backoff_s=0)
+    other = Threads(providers[1], Recorder())
+    threads.send("t", "poison", run=True)
+    threads.send("t", "poison", run=True)
+    first, second = other.dead_letters("t")
+    assert [(first.seq, first.text), (second.seq, second.text)] == [(1, "poison"), (2, "poison")]
+    retried = threads.retry_dead_letter(first, run=True)
+    assert delivered == ["poison"] * 3  # run at once
+    assert [letter.seq for letter in other.dead_letters("t")] == [2, retried.seq]
+    assert threads.drop_dead_letter(second)
+    assert not other.drop_dead_letter(second)
+    assert [letter.seq for letter in other.dead_letters("t")] == [retried.seq]
+
+
 def test_a_busy_blocking_handler_takes_in_what_was_sent_since(providers: list[Provider]) -> None:
     busy, sent = threading.Event(), threading.Event()
     taken: list[str] = []
