@@ -1,0 +1,154 @@
+"""Members: which endpoint a call tries first and next, and what etcd's member list adds.
+
+The policy is decided on the clock alone, so these tests set the clock the module reads
+rather than wait: a failed member cools down for 5 s (0.5 s after "no leader"), and
+every choice below is read at a given instant. The failover tests run the same policy
+against real etcd members (``test_failover.py``, ``test_renewal_round.py``).
+"""
+
+from __future__ import annotations
+
+import types
+
+import grpc
+import pytest
+
+from etcd_leases.errors import ProviderClosed
+from etcd_leases.etcd import members as members_module
+from etcd_leases.etcd.members import Members, parse_endpoints
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(members_module, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    return clock
+
+
+def cluster(count: int, failures: list[str] | None = None) -> Members:
+    """``count`` members on made-up ports; each failure reported appends to ``failures``."""
+    endpoints = parse_endpoints([f"127.0.0.1:{2379 + 10 * i}" for i in range(count)], tls=False)
+    log = failures if failures is not None else []
+    return Members(endpoints, grpc.ssl_channel_credentials(), lambda: log.append("failed"))
+
+
+def test_the_first_endpoint_is_preferred_until_another_answers(clock: Clock) -> None:
+    members = cluster(3)
+    assert (len(members), members.preferred()) == (3, 0)
+    members.answered(2)
+    assert members.preferred() == 2
+
+
+def test_a_failure_moves_on_to_the_next_member_that_is_not_cooling_down(clock: Clock) -> None:
+    failures: list[str] = []
+    members = cluster(4, failures)
+    assert members.failed(0) == 1 and members.preferred() == 1
+    clock.now += 1
+    assert members.failed(1) == 2
+    clock.now += 1
+    assert members.failed(3) == 2  # 0 and 1 cool down: passed over, wrapping round
+    assert members.preferred() == 2  # 3 failing leaves the preferred one alone
+    assert failures == ["failed"] * 3
+
+
+def test_with_every_member_cooling_down_the_one_that_failed_first_is_next(clock: Clock) -> None:
+    members = cluster(3)
+    members.failed(1)
+    clock.now += 1
+    members.failed(2)
+    clock.now += 1
+    assert members.failed(0) == 1  # its cool-down ends first
+    clock.now += 3.5  # 1's ends now, the others' later
+    assert members.failed(2) == 1
+
+
+def test_a_cool_down_lasts_five_seconds(clock: Clock) -> None:
+    members = cluster(3)
+    members.failed(1)
+    clock.now += 4.9
+    assert members.failed(0) == 2  # 1 still cools down
+    members = cluster(3)
+    members.failed(1)
+    clock.now += 0.2
+    members.failed(2)
+    clock.now += 4.9
+    assert members.failed(0) == 1  # 1 no longer does; 2 still does
+
+
+def test_a_no_leader_answer_cools_down_for_half_a_second(clock: Clock) -> None:
+    members = cluster(3)
+    members.failed(1, no_leader=True)
+    clock.now += 0.4
+    assert members.failed(0) == 2  # 1 still cools down
+    members = cluster(3)
+    members.failed(2, no_leader=True)
+    clock.now += 0.05
+    members.failed(1, no_leader=True)
+    clock.now += 0.55
+    assert members.failed(0) == 1  # neither does: the next in order
+
+
+def test_a_member_whose_cool_down_ended_counts_as_one_that_never_failed(clock: Clock) -> None:
+    members = cluster(3)
+    members.failed(2)
+    clock.now += 1
+    members.failed(1)
+    clock.now += 10
+    assert members.failed(0) == 1  # the next in order, not the one that failed first
+
+
+def test_a_shorter_cool_down_never_cuts_a_longer_one_short(clock: Clock) -> None:
+    members = cluster(2)
+    members.failed(1)
+    members.failed(1, no_leader=True)
+    clock.now += 0.1
+    members.failed(0, no_leader=True)
+    clock.now += 0.1
+    assert members.failed(0, no_leader=True) == 0  # 1 cools down for 5 s, 0 for 0.5 s
+
+
+def test_an_answer_ends_the_cool_down(clock: Clock) -> None:
+    members = cluster(3)
+    members.failed(1)
+    members.answered(1)
+    assert members.failed(0) == 1 and members.preferred() == 1
+
+
+def test_the_member_list_adds_new_voters_only_once(clock: Clock) -> None:
+    members = cluster(2)
+    added = members.learn(
+        [
+            "http://127.0.0.1:2379",  # known
+            "http://127.0.0.1:3000",
+            "unix:///var/run/etcd.sock",  # nothing we can dial
+            "https://127.0.0.1:3001/",
+            "http://127.0.0.1:3000",  # listed twice
+        ]
+    )
+    assert added == ["127.0.0.1:3000", "127.0.0.1:3001"]
+    assert members.targets == ["127.0.0.1:2379", "127.0.0.1:2389", *added]
+    assert members.learn(["http://127.0.0.1:3000"]) == []
+    assert members.failed(1) == 2  # a learned member can be tried, and cools down alike
+    members.failed(2)
+    assert members.failed(3) == 0
+
+
+async def test_one_channel_per_endpoint_until_closed(clock: Clock) -> None:
+    members = cluster(2)
+    first = members.channel()
+    assert members.channel(0) is first and members.channel(1) is not first
+    members.answered(1)
+    assert members.channel() is members.channel(1) and members.channel(0) is first
+    await members.close()
+    await members.close()  # idempotent
+    assert members.closed
+    with pytest.raises(ProviderClosed, match=r"^the provider is closed$"):
+        members.channel(0)
