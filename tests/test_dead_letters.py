@@ -99,6 +99,20 @@ async def test_a_dead_letter_under_a_root_with_an_0xff_byte_is_retried_once(
         assert [m.seq for m in await provider.inbox.pending("t")] == [retried.seq]
 
 
+async def test_a_message_left_behind_another_is_counted_from_the_next_run(live: Live) -> None:
+    """Only the message first in line of a run is counted (one write per run): one handed
+    later and left unacknowledged is handed once more than ``max_attempts``."""
+    handler = Poisoned()
+    threads = Threads(live.provider, handler, ttl_ms=5000, max_attempts=1, backoff_s=0)
+    await threads.send("t", "first")
+    await threads.send("t", "poison")
+    await threads.run("t")
+    assert handler.attempts("first") == [1]
+    assert handler.attempts("poison") == [1, 1]  # behind "first", then first in line
+    (letter,) = await threads.dead_letters("t")
+    assert (letter.text, letter.attempts) == ("poison", 1)
+
+
 async def test_the_delivery_count_survives_a_takeover(live: Live) -> None:
     """A handler that raises ends its run; each next run, here or in another client,
     counts on from where the last one stopped."""

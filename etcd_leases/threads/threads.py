@@ -65,8 +65,10 @@ class Threads:
 
     A message not acknowledged is delivered again (see
     :mod:`etcd_leases.threads.retries`): after ``backoff_s`` (doubling up to
-    ``max_backoff_s``), at most ``max_attempts`` times, then it goes to the thread's
-    dead letters (``max_attempts=None``: retried for ever, uncounted).
+    ``max_backoff_s``), at most ``max_attempts`` times first in line of a run, then it
+    goes to the thread's dead letters (``max_attempts=None``: retried for ever,
+    uncounted). One handed later in a run is counted from the next run: it can be
+    handed once more.
     ``run_deadline_s`` cancels a handler that runs longer.
     """
 
