@@ -10,6 +10,7 @@ import pytest
 
 from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseValueError
 from etcd_leases.threads import Message, ThreadMessages, Threads
+from etcd_leases.threads.retries import Retries
 from tests.conftest import ETCD_BINARIES, EtcdMembers, Live, unique_prefix
 
 
@@ -150,6 +151,12 @@ async def test_a_hung_handler_is_cancelled_at_the_run_deadline(live: Live) -> No
     assert [m.attempt for m in cancelled] == [1, 2]
     assert [letter.attempts for letter in await threads.dead_letters("t")] == [2]
     assert await live.provider.get_lease_owner(threads.key("t")) is None
+
+
+def test_the_wait_before_a_retry_doubles_from_backoff_s_up_to_max_backoff_s() -> None:
+    retries = Retries(max_attempts=9, backoff_s=0.1, max_backoff_s=1.0)
+    waits = [retries.backoff(attempt) for attempt in range(1, 8)]
+    assert waits == pytest.approx([0.0, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0])  # none before the first
 
 
 @pytest.mark.parametrize("options", [{"max_attempts": 0}, {"backoff_s": -1}, {"run_deadline_s": 0}])
