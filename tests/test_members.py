@@ -70,30 +70,20 @@ def test_with_every_member_cooling_down_the_one_that_failed_first_is_next(clock:
     assert members.failed(2) == 1
 
 
-def test_a_cool_down_lasts_five_seconds(clock: Clock) -> None:
+@pytest.mark.parametrize(("no_leader", "cool_down_s"), [(False, 5.0), (True, 0.5)])
+def test_a_failed_member_cools_down_for_five_seconds_or_half_a_second_after_no_leader(
+    clock: Clock, no_leader: bool, cool_down_s: float
+) -> None:
     members = cluster(3)
-    members.failed(1)
-    clock.now += 4.9
+    members.failed(1, no_leader=no_leader)
+    clock.now += cool_down_s - 0.1
     assert members.failed(0) == 2  # 1 still cools down
     members = cluster(3)
-    members.failed(1)
-    clock.now += 0.2
-    members.failed(2)
-    clock.now += 4.9
-    assert members.failed(0) == 1  # 1 no longer does; 2 still does
-
-
-def test_a_no_leader_answer_cools_down_for_half_a_second(clock: Clock) -> None:
-    members = cluster(3)
-    members.failed(1, no_leader=True)
-    clock.now += 0.4
-    assert members.failed(0) == 2  # 1 still cools down
-    members = cluster(3)
-    members.failed(2, no_leader=True)
+    members.failed(2, no_leader=no_leader)
     clock.now += 0.05
-    members.failed(1, no_leader=True)
-    clock.now += 0.55
-    assert members.failed(0) == 1  # neither does: the next in order
+    members.failed(1, no_leader=no_leader)
+    clock.now += cool_down_s
+    assert members.failed(0) == 1  # neither does: the next in order, not 2
 
 
 def test_a_member_whose_cool_down_ended_counts_as_one_that_never_failed(clock: Clock) -> None:
