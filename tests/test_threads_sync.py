@@ -184,7 +184,10 @@ def test_dead_letters_listed_retried_and_dropped_from_threads(providers: list[Pr
     assert [letter.seq for letter in other.dead_letters("t")] == [2, retried.seq]
     assert threads.drop_dead_letter(second)
     assert not other.drop_dead_letter(second)
-    assert [letter.seq for letter in other.dead_letters("t")] == [retried.seq]
+    (again,) = other.dead_letters("t")
+    other.retry_dead_letter(again)  # sent again, not run
+    assert other.dead_letters("t") == [] and delivered == ["poison"] * 3
+    assert _inbox_count(providers[1], "count_pending", "t") == 1
 
 
 def test_a_busy_blocking_handler_takes_in_what_was_sent_since(providers: list[Provider]) -> None:
