@@ -397,6 +397,38 @@ async def test_rounds_back_off_while_unanswered_and_start_over_once_served(
     ]
 
 
+async def test_the_backoff_counts_from_the_failed_rounds_start(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round that took longer than its backoff is followed by the next at once; one that
+    took less, after the rest of it: each round opens no sooner than 50 ms, 100 ms, 200 ms,
+    400 ms after the start of the failed one before it. The stand-in rounds take 0.3 s."""
+    spans: list[tuple[float, float]] = []  # each round's start and end
+    answers = itertools.chain([False] * 4, itertools.repeat(True))
+
+    async def slow_round() -> tuple[bool, str]:
+        started = time.monotonic()
+        await asyncio.sleep(0.3)
+        spans.append((started, time.monotonic()))
+        return next(answers), "a stand-in round"
+
+    keeper = KeepAliveLoop(client)
+    monkeypatch.setattr(keeper, "_renew_in_a_round", slow_round)
+    try:
+        await keep_new(client, keeper, 30)  # starts the sender
+        await eventually(lambda: len(spans) >= 5, "five rounds", timeout=10)
+    finally:
+        await keeper.close()
+    starts = [start for start, _ in spans[:5]]
+    apart = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    assert [gap >= backoff for gap, backoff in zip(apart, [0.05, 0.1, 0.2, 0.4], strict=True)] == [
+        True
+    ] * 4
+    # The first three backoffs had passed when their rounds ended: no wait after them.
+    waits = [spans[k + 1][0] - spans[k][1] for k in range(3)]
+    assert max(waits) < 0.25, waits
+
+
 async def test_an_error_escaping_the_sender_loses_every_lease_at_once(
     etcd_binary: str, no_background_task_fails: Records, monkeypatch: pytest.MonkeyPatch
 ) -> None:
