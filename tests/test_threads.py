@@ -410,6 +410,25 @@ async def test_hand_offs_and_aborts_are_not_logged_as_losses(
     assert sum("handed off" in r.getMessage() for r in caplog.records) == 4
 
 
+async def test_an_abort_acknowledges_every_message_its_handler_was_handed(live: Live) -> None:
+    started = asyncio.Event()
+
+    async def handle(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        async for message in messages:  # taken, never acknowledged
+            if message.text == "second":
+                started.set()
+                await asyncio.Event().wait()
+
+    threads = Threads(live.provider, handle, ttl_ms=5000)
+    for text in ("first", "second"):
+        await threads.send("t", text)
+    running = asyncio.create_task(threads.run("t"))
+    await asyncio.wait_for(started.wait(), 10)
+    assert await threads.abort("t")
+    assert await asyncio.wait_for(running, 10)
+    assert await live.provider.inbox.pending("t") == []
+
+
 async def test_acknowledging_twice_is_harmless_and_an_abort_skips_what_was_acknowledged(
     live: Live,
 ) -> None:
