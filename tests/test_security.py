@@ -140,3 +140,33 @@ async def test_election_run_ends_on_refused_credentials(auth_etcd: EtcdCluster) 
         with pytest.raises(PermissionDenied):
             await asyncio.wait_for(election.run(lead), 10)
     assert not terms and not leaders
+
+
+async def test_a_watch_ends_when_its_credentials_are_refused_on_reopening(
+    etcd_binary: str,
+) -> None:
+    """A watch stream that breaks is reopened on another member, logging in there; when
+    etcd then refuses the credentials (the user was deleted meanwhile), retrying cannot
+    help: the watch ends with ``PermissionDenied`` instead of retrying for ever."""
+    with EtcdCluster(3, binary=etcd_binary) as etcd:
+        enable_auth(etcd)
+        root = "--user=root:rootpw"
+        etcd.etcdctl(root, "user", "add", "watcher", "--new-user-password=pw")
+        etcd.etcdctl(root, "user", "grant-role", "watcher", "app")
+        async with (
+            EtcdLeaseProvider(
+                etcd.endpoints, username="watcher", password="pw", prefix="/allowed/"
+            ) as watching,
+            EtcdLeaseProvider(
+                etcd.endpoints, username="app", password="apppw", prefix="/allowed/"
+            ) as writing,
+        ):
+            changes = watching.watch_owner("k")  # read, then watched, on the first member
+            assert (await anext(changes)).owner is None
+            await writing.acquire_lease("k", "alice", 30_000)
+            assert (await asyncio.wait_for(anext(changes), 10)).owner == "alice"
+            etcd.etcdctl(root, "user", "delete", "watcher")
+            etcd.members[0].kill()
+            with pytest.raises(PermissionDenied):
+                await asyncio.wait_for(anext(changes), 20)
+            await changes.aclose()
