@@ -263,6 +263,36 @@ async def test_cancel_stops_delivery(etcd: EtcdCluster, client: EtcdClient) -> N
         await stream.close()
 
 
+async def test_cancelled_watchers_leave_no_watch_on_etcd(
+    etcd_binary: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cancelled watcher's watch is cancelled on etcd too, and only its own: the stream
+    the others share goes on unbroken. Counted on a member of its own (etcd's gauge of
+    live watchers), so no other test's watches are in the count."""
+    caplog.set_level(logging.INFO, logger="etcd_leases.etcd.watch.stream")
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        member = etcd.members[0]
+        client = EtcdClient(etcd.endpoints, timeout=5)
+        stream = WatchStream(client)
+        try:
+            key = new_key()
+            start = await current_revision(client) + 1
+            kept = stream.watch(key, start)
+            dropped = stream.watch(key, start)
+            unborn = stream.watch(key, start)
+            unborn.cancel()  # before its create was sent
+            await registered(kept, dropped)
+            dropped.cancel()
+            await eventually(lambda: member.metric("etcd_debugging_mvcc_watcher_total") == 1)
+            revision = await write(client, key, b"x")
+            assert summary(await next_batch(kept)) == [(PUT, b"x", revision)]
+            assert member.metric("etcd_debugging_mvcc_watcher_total") == 1
+            assert [r.getMessage() for r in caplog.records if "broke" in r.getMessage()] == []
+        finally:
+            await stream.close()
+            await client.close()
+
+
 async def test_writes_during_an_outage_arrive_once_after_the_stream_moves(
     etcd_cluster: EtcdCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
