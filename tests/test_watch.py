@@ -455,7 +455,7 @@ async def test_closing_the_client_ends_watchers_with_provider_closed(etcd: EtcdC
     watcher = stream.watch(new_key(), await current_revision(client) + 1)
     await registered(watcher)
     await client.close()
-    with pytest.raises(ProviderClosed):
+    with pytest.raises(ProviderClosed, match=r"^the provider is closed$"):
         await next_batch(watcher)
     await stream.close()
 
