@@ -15,7 +15,6 @@ from etcd_leases import (
     HeldLease,
     LeaseLost,
     LeaseValueError,
-    NoopLeaseProvider,
 )
 from etcd_leases.etcd.inbox_keys import id_of, inbox_root
 from etcd_leases.inbox import MAX_PAYLOAD_BYTES
@@ -290,11 +289,6 @@ async def test_the_largest_payload_is_stored(live: Live) -> None:
     payload = b"\xff" * MAX_PAYLOAD_BYTES
     await threads.send("big", payload)
     assert [m.payload for m in await live.provider.inbox.pending("big")] == [payload]
-
-
-def test_a_provider_without_an_inbox_is_refused() -> None:
-    with pytest.raises(TypeError, match="cannot run threads"):
-        Threads(NoopLeaseProvider(), recorder(Handled()))
 
 
 async def test_threads_do_not_see_each_others_messages(live: Live) -> None:
