@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseValueError
+from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseProvider, LeaseValueError
 from etcd_leases.threads import Message, ThreadMessages, Threads
 from etcd_leases.threads.retries import Retries
-from tests.conftest import ETCD_BINARIES, EtcdMembers, Live, unique_prefix
+from tests.conftest import ETCD_BINARIES, EtcdMembers, Live, eventually, unique_prefix
 
 
 class Poisoned:
@@ -128,6 +128,42 @@ async def test_the_delivery_count_survives_a_takeover(live: Live) -> None:
     assert handler.attempts("poison") == [1, 2, 3, 4]
     assert await two.run("t")  # the fifth delivery is not made: dead-lettered
     assert [letter.attempts for letter in await one.dead_letters("t")] == [4]
+
+
+async def owner_other_than(
+    provider: LeaseProvider, key: str, these: set[str | None], within: float = 10.0
+) -> str | None:
+    """The owner of ``key`` once it is none of ``these``; fail after ``within`` s."""
+    deadline = time.monotonic() + within
+    while (owner := await provider.get_lease_owner(key)) in these:
+        assert time.monotonic() < deadline, f"{key!r} still held by {owner!r}"
+        await asyncio.sleep(0.01)
+    return owner
+
+
+async def test_an_abort_ends_the_wait_before_a_retry(live: Live) -> None:
+    """A run waiting out the backoff before delivering a message again is aborted at once:
+    it hands the thread on without waiting the 30 s."""
+    owners: list[str] = []
+
+    async def leave(thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        owners.append(lease.owner)  # and leave the message unacknowledged
+
+    threads = Threads(live.provider, leave, ttl_ms=60_000, max_attempts=3, backoff_s=30)
+    key = threads.key("t")
+    await threads.send("t", "poison")
+    running = asyncio.create_task(threads.run("t"))
+    try:
+        await eventually(lambda: len(owners) == 1, "the first delivery")
+        first = owners[0]
+        # The follow-up run counts the second delivery, then waits 30 s before it.
+        waiting = await owner_other_than(live.provider, key, {None, first})
+        assert await threads.abort("t")
+        await owner_other_than(live.provider, key, {waiting})
+        assert owners == [first]  # the aborted run never delivered
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
 
 
 async def test_a_hung_handler_is_cancelled_at_the_run_deadline(live: Live) -> None:

@@ -127,27 +127,35 @@ def test_a_send_retried_from_another_client_with_its_send_id_is_a_duplicate(
 def test_an_abort_ends_a_blocking_handlers_messages(providers: list[Provider]) -> None:
     holding, aborted = threading.Event(), threading.Event()
 
+    after: list[list[str]] = []
+
     def handle(thread: str, lease: SyncHeldLease, messages: SyncThreadMessages) -> None:
         for message in messages:
+            if message.text != "hold":
+                messages.ack(message)
+                continue
             holding.set()
             # A thread cannot be cancelled: it checks between steps of its work.
             while not messages.aborted:
                 time.sleep(0.01)
+            # Its messages have ended, "next" too: that goes to the follow-up run.
+            after.append([m.text for m in messages] + [m.text for m in messages.take_waiting()])
             aborted.set()
-            assert list(messages) == []  # its messages have ended
             messages.ack(message)  # harmless: the abort acknowledged it already
 
     threads = Threads(providers[0], handle, ttl_ms=5000)
     other = Threads(providers[1], Recorder())
     threads.send("t", "hold")
+    threads.send("t", "next")
     running = threading.Thread(target=threads.run, args=("t",))
     running.start()
     assert holding.wait(10)
     assert other.abort("t")
     running.join(10)
     assert not running.is_alive()
-    assert aborted.is_set()
+    assert aborted.is_set() and after == [[]]
     assert providers[1].get_lease_owner(threads.key("t")) is None
+    assert _inbox_count(providers[1], "count_pending", "t") == 0  # "next" was handled
     assert not other.abort("t")
 
 
