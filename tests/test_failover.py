@@ -13,6 +13,7 @@ from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.txn import Txn, delete
 from etcd_leases.testing import EtcdCluster
 from tests.chaos.partitions import Partitions, PartitionsUnsupported
+from tests.conftest import eventually
 
 
 async def test_operations_move_past_a_killed_member(etcd_cluster: EtcdCluster) -> None:
@@ -270,6 +271,25 @@ async def test_a_frozen_member_costs_concurrent_callers_no_more_than_one(
                 assert owners == ["alice"] * concurrency
     finally:
         frozen.resume()
+
+
+async def test_a_member_failure_reads_the_member_list_at_once(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    """Without waiting for the periodic read (an hour here): the first call that finds a
+    member gone reads etcd's member list, and its replacement's address is known."""
+    async with EtcdLeaseProvider(
+        etcd_cluster.endpoints, timeout=3.0, member_sync_interval=3600
+    ) as provider:
+        await provider.get_lease_owner("k")  # answered by the first member: preferred
+        first = etcd_cluster.members[0]
+        await asyncio.to_thread(etcd_cluster.replace_member, first)
+        added = set(etcd_cluster.endpoints) - set(provider.client.endpoints)
+        assert len(added) == 1
+        assert await provider.get_lease_owner("k") is None  # fails over, and reads the list
+        await eventually(
+            lambda: added <= set(provider.client.endpoints), "the new member learned", 10
+        )
 
 
 async def test_every_member_replaced_on_a_new_address(etcd_cluster: EtcdCluster) -> None:

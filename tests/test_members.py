@@ -86,6 +86,12 @@ def test_a_failed_member_cools_down_for_five_seconds_or_half_a_second_after_no_l
     assert members.failed(0) == 1  # neither does: the next in order, not 2
 
 
+def test_a_tie_goes_to_the_next_member_not_back_to_the_one_that_failed(clock: Clock) -> None:
+    members = cluster(2)
+    members.failed(1)
+    assert members.failed(0) == 1  # both cool down until the same instant
+
+
 def test_a_member_whose_cool_down_ended_counts_as_one_that_never_failed(clock: Clock) -> None:
     members = cluster(3)
     members.failed(2)
