@@ -8,7 +8,7 @@ import itertools
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -347,6 +347,24 @@ async def test_a_down_member_is_tried_again_with_backoff(
         assert 3 <= len(rounds) <= 15, rounds
 
 
+async def run_stand_in_rounds(
+    client: EtcdClient,
+    monkeypatch: pytest.MonkeyPatch,
+    round_: Callable[[], Awaitable[tuple[bool, str]]],
+    until: Callable[[], bool],
+    what: str,
+) -> None:
+    """Run a keep-alive loop whose rounds are ``round_`` (stand-ins: no streams, ``(answered,
+    why it ended)``) until ``until()`` holds."""
+    keeper = KeepAliveLoop(client)
+    monkeypatch.setattr(keeper, "_renew_in_a_round", round_)
+    try:
+        await keep_new(client, keeper, 30)  # starts the sender
+        await eventually(until, what, timeout=10)
+    finally:
+        await keeper.close()
+
+
 async def test_rounds_back_off_while_unanswered_and_start_over_once_served(
     client: EtcdClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -377,13 +395,9 @@ async def test_rounds_back_off_while_unanswered_and_start_over_once_served(
         return answered, "a stand-in round"
 
     monkeypatch.setattr(keepalive, "Backoff", RecordedBackoff)
-    keeper = KeepAliveLoop(client)
-    monkeypatch.setattr(keeper, "_renew_in_a_round", round_ending_at_once)
-    try:
-        await keep_new(client, keeper, 30)  # starts the sender
-        await eventually(lambda: len(events) >= 18, "eight rounds and more", timeout=10)
-    finally:
-        await keeper.close()
+    await run_stand_in_rounds(
+        client, monkeypatch, round_ending_at_once, lambda: len(events) >= 18, "eight rounds"
+    )
     unanswered = ["unanswered", "wait 0.05", "unanswered", "wait 0.1", "unanswered", "wait 0.2"]
     served = ["served", "start over"]
     assert events[:18] == [
@@ -414,13 +428,7 @@ async def test_the_backoff_counts_from_the_failed_rounds_start(
         spans.append((started, time.monotonic()))
         return length == 0.0, "a stand-in round"  # the fifth is answered
 
-    keeper = KeepAliveLoop(client)
-    monkeypatch.setattr(keeper, "_renew_in_a_round", slow_round)
-    try:
-        await keep_new(client, keeper, 30)  # starts the sender
-        await eventually(lambda: len(spans) >= 5, "five rounds", timeout=10)
-    finally:
-        await keeper.close()
+    await run_stand_in_rounds(client, monkeypatch, slow_round, lambda: len(spans) >= 5, "rounds")
     # No wait after the first three; a wait, at the least 0.4 s from the fourth's start.
     waits = [spans[k + 1][0] - spans[k][1] for k in range(3)]
     assert max(waits) < 0.5, waits

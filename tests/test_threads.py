@@ -404,6 +404,17 @@ async def test_hand_offs_and_aborts_are_not_logged_as_losses(
     assert sum("handed off" in r.getMessage() for r in caplog.records) == 4
 
 
+async def abort_once_started(threads: Threads, texts: list[str], started: asyncio.Event) -> None:
+    """Send ``texts`` to thread "t", run it, abort the run once its handler set
+    ``started``; the run ends."""
+    for text in texts:
+        await threads.send("t", text)
+    running = asyncio.create_task(threads.run("t"))
+    await asyncio.wait_for(started.wait(), 10)
+    assert await threads.abort("t")
+    assert await asyncio.wait_for(running, 10)
+
+
 async def test_an_abort_acknowledges_every_message_its_handler_was_handed(live: Live) -> None:
     started = asyncio.Event()
 
@@ -413,13 +424,9 @@ async def test_an_abort_acknowledges_every_message_its_handler_was_handed(live: 
                 started.set()
                 await asyncio.Event().wait()
 
-    threads = Threads(live.provider, handle, ttl_ms=5000)
-    for text in ("first", "second"):
-        await threads.send("t", text)
-    running = asyncio.create_task(threads.run("t"))
-    await asyncio.wait_for(started.wait(), 10)
-    assert await threads.abort("t")
-    assert await asyncio.wait_for(running, 10)
+    await abort_once_started(
+        Threads(live.provider, handle, ttl_ms=5000), ["first", "second"], started
+    )
     assert await live.provider.inbox.pending("t") == []
 
 
@@ -437,11 +444,7 @@ async def test_acknowledging_twice_is_harmless_and_an_abort_skips_what_was_ackno
                 started.set()
                 await asyncio.Event().wait()
 
-    threads = Threads(live.provider, handle, ttl_ms=5000)
-    for text in ("first", "blocks"):
-        await threads.send("t", text)
-    running = asyncio.create_task(threads.run("t"))
-    await asyncio.wait_for(started.wait(), 10)
-    assert await threads.abort("t")
-    assert await asyncio.wait_for(running, 10)
+    await abort_once_started(
+        Threads(live.provider, handle, ttl_ms=5000), ["first", "blocks"], started
+    )
     assert await live.provider.inbox.pending("t") == []
