@@ -338,6 +338,43 @@ async def test_writes_during_an_outage_arrive_once_after_the_stream_moves(
         await writer.close()
 
 
+async def test_a_stream_that_served_a_while_is_reopened_without_the_grown_backoff(
+    etcd_binary: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While its member is down the stream is retried ever later (50 ms, 100 ms, ...);
+    once a stream has served for 2 s, its break is a new failure, retried after 50 ms
+    again. Read in the waits the stream logs, not in seconds."""
+    caplog.set_level(logging.INFO, logger="etcd_leases.etcd.watch.stream")
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        member = etcd.members[0]
+        client = EtcdClient(etcd.endpoints, timeout=5)
+        stream = WatchStream(client)
+        try:
+            watcher = stream.watch(new_key(), await current_revision(client) + 1)
+            await registered(watcher)
+
+            def waits() -> list[str]:
+                return [
+                    r.getMessage().rpartition("reopening in ")[2]
+                    for r in caplog.records
+                    if "watch stream broke" in r.getMessage()
+                ]
+
+            await asyncio.to_thread(member.kill)
+            await eventually(lambda: len(waits()) >= 4, within=20)
+            await asyncio.to_thread(member.start)
+            await registered(watcher)
+            await asyncio.sleep(2.5)  # serving longer than 2 s
+            grown = len(waits())
+            assert waits()[:4] == ["0.05 s", "0.10 s", "0.20 s", "0.40 s"]
+            await asyncio.to_thread(member.kill)
+            await eventually(lambda: len(waits()) > grown, within=20)
+            assert waits()[grown] == "0.05 s"
+        finally:
+            await stream.close()
+            await client.close()
+
+
 def grpc_poller(record: logging.LogRecord) -> bool:
     """gRPC's poller delivering an event of a call made on an earlier test's event loop,
     closed since (grpc/grpc#25364: one poller serves every loop a process has had); not
