@@ -8,7 +8,7 @@ from etcd_leases.etcd.backoff import Backoff
 
 
 def test_waits_double_up_to_the_ceiling() -> None:
-    backoff = Backoff(0.05, 1.0)
+    backoff = Backoff()  # the reconnect pace
     waits = [backoff.failed() for _ in range(8)]
     assert waits == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0])
 

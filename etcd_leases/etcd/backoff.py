@@ -12,9 +12,10 @@ __all__ = ["Backoff"]
 
 
 class Backoff:
-    """Waits of ``first_s``, twice that, ... up to ``max_s``, one per failed attempt."""
+    """Waits of ``first_s``, twice that, ... up to ``max_s``, one per failed attempt (by
+    default the reconnect pace: 50 ms up to 1 s)."""
 
-    def __init__(self, first_s: float, max_s: float) -> None:
+    def __init__(self, first_s: float = 0.05, max_s: float = 1.0) -> None:
         self._first_s = first_s
         self._max_s = max_s
         self._next_s = first_s

@@ -51,10 +51,6 @@ __all__ = ["KeepAliveLoop", "Renewal"]
 
 _log = logging.getLogger(__name__)
 
-# A round that got no answer is followed by the next after 50 ms, 100 ms, ... up to
-# 1 s (less the round's own duration) while members keep failing.
-_BACKOFF_FIRST_S = 0.05
-_BACKOFF_MAX_S = 1.0
 # How long a login may take when a round opens streams.
 _LOGIN_TIMEOUT_S = 0.5
 # Hand the event loop back every so many renewals of a burst.
@@ -307,7 +303,9 @@ class KeepAliveLoop:
 
     async def _run(self) -> None:
         """The sender: one round after another until closed."""
-        backoff = Backoff(_BACKOFF_FIRST_S, _BACKOFF_MAX_S)
+        # A round that got no answer is followed by the next after 50 ms, 100 ms, ... up
+        # to 1 s (less the round's own duration) while members keep failing.
+        backoff = Backoff()
         while not self._closed:
             started = time.monotonic()
             try:

@@ -59,8 +59,6 @@ _log = logging.getLogger(__name__)
 
 _WatchCall: TypeAlias = grpc.aio.StreamStreamCall[pb.WatchRequest, pb.WatchResponse]
 
-_BACKOFF_FIRST_S = 0.05
-_BACKOFF_MAX_S = 1.0
 _HEALTHY_S = 2.0  # a stream that lived this long restarts the backoff when it breaks
 # A frozen member keeps the TCP connection open and answers nothing, and a holder's
 # key may then change unseen: while watchers are active, ask for progress when the
@@ -185,7 +183,7 @@ class WatchStream:
 
     async def _run(self) -> None:
         """Keep a stream open while watchers live; reopen it elsewhere when it breaks."""
-        backoff = Backoff(_BACKOFF_FIRST_S, _BACKOFF_MAX_S)
+        backoff = Backoff()  # 50 ms .. 1 s
         try:
             while not self._closed:
                 if self._refusals:
