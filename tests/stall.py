@@ -39,11 +39,19 @@ def _deleted_keys(request: pb.TxnRequest) -> Iterable[bytes]:
 
 @dataclass
 class SentWrites:
-    """Every lease revoke and key delete a client sent, with when it was sent."""
+    """Every lease revoke and key delete a client sent, with when it was sent.
+
+    A revoke sent once every tenure on its lease was known lost (``known_lost``) is
+    the library clearing up after a loss it heard of (a lost session lease is
+    revoked), never a cause of that loss: not in ``revoked`` (the listener hears of
+    it as such). Told apart as the revoke is sent, since a test sampling ``lost``
+    hears of the loss a little after the library does.
+    """
 
     revoked: dict[int, float] = field(default_factory=dict)
     deleted: dict[bytes, float] = field(default_factory=dict)
     listener: Callable[[str, int | bytes, float], None] = lambda what, which, at: None
+    known_lost: Callable[[int], bool] = lambda lease_id: False
 
     def record(self, client: EtcdClient, monkeypatch: pytest.MonkeyPatch) -> None:
         """Record what ``client`` sends from now on (it still sends it)."""
@@ -51,13 +59,16 @@ class SentWrites:
 
     def wrap(self, call: Call) -> Call:
         """``call``, recording the revokes and deletes it sends (``listener`` hears of
-        each: ``"revoke"`` and the lease ID, or ``"delete"`` and the key)."""
+        each: ``"revoke"`` or ``"revoke after loss"`` and the lease ID, or ``"delete"``
+        and the key)."""
 
         async def recording(path: str, request: Message, *args: Any, **kwargs: Any) -> Any:
             now = time.monotonic()
             if path == _REVOKE and isinstance(request, pb.LeaseRevokeRequest):
-                self.revoked.setdefault(request.ID, now)
-                self.listener("revoke", request.ID, now)
+                after_loss = self.known_lost(request.ID)
+                if not after_loss:
+                    self.revoked.setdefault(request.ID, now)
+                self.listener("revoke after loss" if after_loss else "revoke", request.ID, now)
             elif path == _TXN and isinstance(request, pb.TxnRequest):
                 for key in _deleted_keys(request):
                     self.deleted.setdefault(key, now)
@@ -68,6 +79,13 @@ class SentWrites:
             return await call(path, request, *args, **kwargs)
 
         return recording
+
+
+def every_tenure_lost(held: Iterable[tuple[HeldLease, int]], lease_id: int) -> bool:
+    """Whether ``lease_id`` carries tenures among ``held`` (each with the etcd lease
+    its key was put on) and every one of them is lost already."""
+    on_it = [lease for lease, carrier in held if carrier == lease_id]
+    return bool(on_it) and all(lease.lost.is_set() for lease in on_it)
 
 
 @dataclass

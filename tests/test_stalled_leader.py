@@ -29,7 +29,14 @@ import pytest
 from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseError
 from etcd_leases.testing import EtcdCluster, EtcdMember
 from etcd_leases.testing.load import cpu_hogs
-from tests.stall import Loss, SentWrites, judge_loss, time_left_at_loss, wait_for
+from tests.stall import (
+    Loss,
+    SentWrites,
+    every_tenure_lost,
+    judge_loss,
+    time_left_at_loss,
+    wait_for,
+)
 
 TTL_MS = 3000
 FREEZE_S = 2.5
@@ -92,6 +99,8 @@ async def _trial(
         ]
         kvs = [await provider.client.range(provider.etcd_key(lease.key)) for lease in leases]
         lease_ids = [kv.lease if kv is not None else 0 for kv in kvs]
+        held = list(zip(leases, lease_ids, strict=True))
+        sent.known_lost = lambda lease_id: every_tenure_lost(held, lease_id)
         lowest: list[float] = []
         watching = [asyncio.create_task(time_left_at_loss(lease, lowest)) for lease in leases]
         # Just after a periodic renewal was answered, freeze the leader shortly before

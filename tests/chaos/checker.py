@@ -140,7 +140,11 @@ def _recent_stall(faults: Sequence[Record], at: float) -> Record | None:
 
 @dataclass(frozen=True)
 class Sent:
-    """The revokes and deletes the workers' library sent: a loss it caused is ours."""
+    """The revokes and deletes the workers' library sent: a loss it caused is ours.
+
+    Not the revokes a worker saw sent once its tenures on that lease were lost
+    (``sent_revoke_after_loss``): the library clearing up, never a cause.
+    """
 
     revoked: dict[int, tuple[float, str]]
     deleted: dict[str, list[tuple[float, str]]]
@@ -407,8 +411,8 @@ def _when(record: Record) -> float:
 def history_around(
     finding: Finding, records: Sequence[Record], faults: Sequence[Record]
 ) -> list[str]:
-    """The faults and the records of the finding's key (and every revoke sent) in its
-    stretch of time, in time order."""
+    """The faults and the records of the finding's key (and every revoke sent, after
+    a loss too) in its stretch of time, in time order."""
     assert finding.around is not None
     begin, end = finding.around
     lines = [f"history around [{finding.kind}] key={finding.key!r}, {begin:.3f} to {end:.3f}:"]
@@ -418,7 +422,8 @@ def history_around(
     shown = [
         r
         for r in records
-        if begin <= _when(r) <= end and (r.get("key") == finding.key or r["op"] == "sent_revoke")
+        if begin <= _when(r) <= end
+        and (r.get("key") == finding.key or r["op"].startswith("sent_revoke"))
     ]
     for record in sorted(shown, key=_when)[:_CONTEXT_LINES]:
         lines.append(f"  {_when(record):.3f} {record}")

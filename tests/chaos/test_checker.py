@@ -204,6 +204,12 @@ def test_early_deletion_is_ours_unless_a_leader_stall_explains_it_on_an_affected
     revoked_after = [*early, {"op": "sent_revoke", "worker": "a", "key": "", "token": None,
                               "at": 1.25, "lease": 1010}]  # fmt: skip
     assert run(revoked_after, ext_log=[], faults=stall).violations == []
+    # A revoke the worker saw sent once its tenure was lost (a lost session lease's) is
+    # no cause, though the worker's own record of the loss comes a moment later.
+    cleared_up = [*early, {"op": "sent_revoke_after_loss", "worker": "a", "key": "",
+                           "token": None, "at": 1.198, "lease": 1010}]  # fmt: skip
+    report = run(cleared_up, ext_log=[], faults=stall)
+    assert report.violations == [] and [f.kind for f in report.bug_15247] == ["early deletion"]
     # A keep-alive told the lease is gone counts as etcd's doing too; the holder's own
     # clock running out does not (that is the deadline, not early).
     early[-1] = lost("a", 10, 1.2, LEASE_NOT_FOUND, 3.0)

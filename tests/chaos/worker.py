@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from etcd_leases import EtcdLeaseProvider, HeldLease, LeaseError, LeaseHeld, LeaseLost
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from tests.chaos import register
-from tests.stall import SentWrites
+from tests.stall import SentWrites, every_tenure_lost
 
 WAIT_FOR_KEY = 3.0  # seconds a worker waits for a taken key before trying another
 
@@ -49,6 +49,8 @@ class Worker:
         self.log = log
         self.random = random.Random(config.seed)
         self.stop = asyncio.Event()
+        #: The tenure under way and the etcd lease its key was put on, once read.
+        self.held: list[tuple[HeldLease, int]] = []
 
     def record(self, op: str, key: str, token: int | None, **fields: Any) -> None:
         line = {"op": op, "worker": self.config.name, "key": key, "token": token, **fields}
@@ -74,6 +76,7 @@ class Worker:
         async with hold as lease:
             end = time.monotonic()
             lease_id = await self.lease_of(key, lease.token)
+            self.held = [(lease, lease_id)]
             self.record(
                 "acquire", key, lease.token, start=start, end=end, outcome="ok", lease=lease_id
             )
@@ -193,10 +196,14 @@ async def main(config: Config, log: TextIO) -> None:
                 key = which[len(prefix) :].decode(errors="replace")
                 worker.record("sent_delete", key, None, at=at)
             else:
-                worker.record("sent_revoke", "", None, at=at, lease=which)
+                op = "sent_revoke_after_loss" if what == "revoke after loss" else "sent_revoke"
+                worker.record(op, "", None, at=at, lease=which)
 
         client = provider.client
-        setattr(client, "call", SentWrites(listener=sent).wrap(client.call))  # noqa: B010
+        writes = SentWrites(
+            listener=sent, known_lost=lambda lease_id: every_tenure_lost(worker.held, lease_id)
+        )
+        setattr(client, "call", writes.wrap(client.call))  # noqa: B010
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.stop.set)
         await worker.run()
 
