@@ -60,6 +60,9 @@ async def test_one_tenure_per_lease_and_freed_leases_are_reused(
     # The old tenure's lease carries no key now: it is back in the pool, alive...
     status = await client.time_to_live(old.lease, keys=True)
     assert status.TTL > 0 and list(status.keys) == []
+    # (Asked for them, etcd does list a lease's keys: the new tenure's shows its key.)
+    carrying = await client.time_to_live(new.lease, keys=True)
+    assert list(carrying.keys) == [etcd_provider.etcd_key("a")]
     assert etcd_provider._pool.free_lease_ids() == {old.lease}
     # ...and the next tenure takes it, granting nothing.
     await etcd_provider.acquire_lease("d", "alice", 5000)

@@ -66,6 +66,38 @@ async def test_a_member_whose_peers_froze_never_answers_from_its_own_store(
             assert await provider.get_lease_owner("k") == "alice"
 
 
+async def test_a_member_that_answers_no_leader_is_cooled_down_briefly(
+    etcd_binary: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd's "no leader" means an election is under way: the member is passed over
+    for the short cool-down (members.py), not the long one of a dead member."""
+    with EtcdCluster(3, binary=etcd_binary) as cluster:
+        alone, *others = cluster.members
+        client = EtcdClient([alone.endpoint], timeout=1.0, member_sync_interval=None)
+        failures: list[bool] = []
+        member_failed = client.members.failed
+
+        def failed(index: int, *, no_leader: bool = False) -> int:
+            failures.append(no_leader)
+            return member_failed(index, no_leader=no_leader)
+
+        monkeypatch.setattr(client.members, "failed", failed)
+        try:
+            await client.range(b"k")
+            for member in others:
+                member.pause()
+            # Timed out at first; "no leader" once it stood for election alone.
+            deadline = time.monotonic() + 10.0
+            while True not in failures and time.monotonic() < deadline:
+                with pytest.raises(LeaseError):
+                    await client.range(b"k")
+            assert True in failures, f"never told 'no leader': {failures}"
+        finally:
+            for member in others:
+                member.resume()
+            await client.close()
+
+
 @pytest.fixture
 def partitions() -> Iterator[Partitions]:
     """Network namespaces for three members; the test is skipped, saying why, without."""

@@ -1,0 +1,74 @@
+"""Closing the client under a call: ``ProviderClosed`` in its words, at once, and a
+caller's own cancel stays a cancel."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from etcd_leases import ProviderClosed
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.testing import EtcdCluster, free_ports
+
+KEY = b"close-test"
+
+
+@pytest.fixture
+def frozen(etcd_binary: str) -> Iterator[EtcdCluster]:
+    """A one-member cluster of the test's own; the test freezes it."""
+    with EtcdCluster(1, binary=etcd_binary) as cluster:
+        try:
+            yield cluster
+        finally:
+            if cluster.members[0].paused:
+                cluster.members[0].resume()
+
+
+async def in_flight(cluster: EtcdCluster) -> tuple[EtcdClient, asyncio.Task[object]]:
+    """A client whose call waits on the frozen member (its version read before)."""
+    client = EtcdClient(cluster.endpoints, timeout=10)
+    await client.range(KEY)  # connected, the server's version known
+    cluster.members[0].pause()
+    call = asyncio.ensure_future(client.range(KEY))
+    await asyncio.sleep(0.3)  # sent; the member will not answer it
+    assert not call.done()
+    return client, call
+
+
+async def test_a_call_cut_short_by_the_close_says_so(frozen: EtcdCluster) -> None:
+    client, call = await in_flight(frozen)
+    await client.close()
+    with pytest.raises(ProviderClosed, match=r"^the provider is closed$"):
+        await call
+
+
+async def test_a_cancelled_caller_stays_cancelled_when_the_client_closes(
+    frozen: EtcdCluster,
+) -> None:
+    client, call = await in_flight(frozen)
+    call.cancel()
+    await client.close()  # gRPC cancels the call too: still the caller's cancel
+    await asyncio.wait([call])
+    assert call.cancelled()
+
+
+async def test_a_call_backing_off_when_the_client_closes_ends_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (port,) = free_ports(1)  # nothing listens: each attempt fails at once, then waits
+    client = EtcdClient([f"127.0.0.1:{port}"], timeout=10)
+    failed = asyncio.Event()
+    member_failed = client.members.failed
+
+    def failing(index: int, *, no_leader: bool = False) -> int:
+        failed.set()
+        return member_failed(index, no_leader=no_leader)
+
+    monkeypatch.setattr(client.members, "failed", failing)
+    call = asyncio.ensure_future(client.range(KEY))
+    await failed.wait()
+    await client.close()  # while the call waits to try again
+    with pytest.raises(ProviderClosed, match=r"^the provider is closed$"):
+        await call
