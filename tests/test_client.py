@@ -1,5 +1,6 @@
-"""Closing the client under a call: ``ProviderClosed`` in its words, at once, and a
-caller's own cancel stays a cancel."""
+"""The etcd client's own promises: a revoke says whether the lease was still there;
+closing the client under a call ends it with ``ProviderClosed`` in its words, at once,
+and a caller's own cancel stays a cancel."""
 
 from __future__ import annotations
 
@@ -10,9 +11,18 @@ import pytest
 
 from etcd_leases import ProviderClosed
 from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.testing import EtcdCluster, free_ports
 
 KEY = b"close-test"
+
+
+async def test_a_revoke_says_whether_etcd_still_had_the_lease(client: EtcdClient) -> None:
+    lease_id = new_lease_id()
+    await client.grant(5, lease_id)
+    assert await client.revoke(lease_id) is True
+    assert await client.revoke(lease_id) is False  # gone already: no error either
+    assert (await client.time_to_live(lease_id)).TTL == -1
 
 
 @pytest.fixture
