@@ -25,6 +25,19 @@ async def test_a_revoke_says_whether_etcd_still_had_the_lease(client: EtcdClient
     assert (await client.time_to_live(lease_id)).TTL == -1
 
 
+async def test_a_grant_sent_again_finds_the_lease_its_first_copy_made(
+    client: EtcdClient,
+) -> None:
+    """As after a lost answer: the same ID again is the lease granted, at its TTL."""
+    lease_id = new_lease_id()
+    granted = await client.grant(5, lease_id)
+    try:
+        assert await client.grant(5, lease_id) == granted
+        assert await client.grant(granted + 4, lease_id) == granted  # the first one's
+    finally:
+        await client.revoke(lease_id)
+
+
 @pytest.fixture
 def frozen(etcd_binary: str) -> Iterator[EtcdCluster]:
     """A one-member cluster of the test's own; the test freezes it."""
@@ -52,6 +65,8 @@ async def test_a_call_cut_short_by_the_close_says_so(frozen: EtcdCluster) -> Non
     await client.close()
     with pytest.raises(ProviderClosed, match=r"^the provider is closed$"):
         await call
+    with pytest.raises(ProviderClosed, match=r"^the provider is closed$"):
+        await client.range(KEY)  # and any call after it, at once
 
 
 async def test_a_cancelled_caller_stays_cancelled_when_the_client_closes(
