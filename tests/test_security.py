@@ -170,3 +170,17 @@ async def test_a_watch_ends_when_its_credentials_are_refused_on_reopening(
             with pytest.raises(PermissionDenied):
                 await asyncio.wait_for(anext(changes), 20)
             await changes.aclose()
+
+
+async def test_with_auth_calls_move_past_a_killed_member(etcd_binary: str) -> None:
+    """A member failure with auth on is a member failure still (not a refused token):
+    the call moves on, logging in on the next member."""
+    with EtcdCluster(3, binary=etcd_binary) as etcd:
+        enable_auth(etcd)
+        async with EtcdLeaseProvider(
+            etcd.endpoints, username="app", password="apppw", prefix="/allowed/", timeout=5.0
+        ) as provider:
+            assert (await provider.acquire_lease("k", "alice", 10_000)).acquired
+            etcd.members[0].kill()  # the member the provider logged in on
+            assert await provider.get_lease_owner("k") == "alice"
+            assert await provider.transfer_lease("k", "alice", "bob", 10_000)
