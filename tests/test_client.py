@@ -9,7 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from etcd_leases import ProviderClosed
+from etcd_leases import BackendUnavailable, ProviderClosed
+from etcd_leases.etcd import client as client_module
+from etcd_leases.etcd.backoff import Backoff
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.testing import EtcdCluster, free_ports
@@ -97,3 +99,32 @@ async def test_a_call_backing_off_when_the_client_closes_ends_closed(
     await client.close()  # while the call waits to try again
     with pytest.raises(ProviderClosed, match=r"^the provider is closed$"):
         await call
+
+
+async def test_a_call_tries_again_at_a_doubling_pace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 ms after the first failed attempt, doubling up to 0.5 s, until the timeout;
+    each call at its own pace (the member-list read the first call starts has one)."""
+    paces: list[list[float]] = []
+
+    class RecordedBackoff(Backoff):
+        def __init__(self, first_s: float, max_s: float) -> None:
+            super().__init__(first_s, max_s)
+            self.waits: list[float] = []
+            paces.append(self.waits)
+
+        def failed(self) -> float:
+            self.waits.append(super().failed())
+            return self.waits[-1]
+
+    monkeypatch.setattr(client_module, "Backoff", RecordedBackoff)
+    (port,) = free_ports(1)  # nothing listens: each attempt fails at once
+    client = EtcdClient([f"127.0.0.1:{port}"], timeout=4.0)
+    try:
+        with pytest.raises(BackendUnavailable):
+            await client.range(KEY)
+    finally:
+        await client.close()
+    assert paces
+    for waits in paces:
+        assert waits[:6] == [0.02, 0.04, 0.08, 0.16, 0.32, 0.5]
+        assert set(waits[6:]) == {0.5}

@@ -3,7 +3,8 @@ failing, up to a ceiling, and start over once one succeeds.
 
 The keep-alive loop and the watch streams reopen their streams at this pace: quick
 enough that a member back after a blip serves again within tens of milliseconds, slow
-enough that a member that is down costs a request a second, not a tight loop.
+enough that a member that is down costs a request a second, not a tight loop. A call's
+attempts (client.py) keep a quicker one of their own, since a caller waits on them.
 """
 
 from __future__ import annotations

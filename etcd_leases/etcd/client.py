@@ -33,6 +33,7 @@ from etcd_leases.errors import (
     ProviderClosed,
 )
 from etcd_leases.etcd.auth import Auth, Metadata
+from etcd_leases.etcd.backoff import Backoff
 from etcd_leases.etcd.member_sync import MemberSync
 from etcd_leases.etcd.members import Members, parse_endpoints, ssl_credentials
 from etcd_leases.etcd.rpc_errors import (
@@ -55,7 +56,8 @@ _LEASE_EXISTS = "lease already exists"
 _LEASE_NOT_FOUND = "requested lease not found"
 # How long the server's version may take to come on connect.
 _STATUS_TIMEOUT_S = 1.0
-# Between attempts after a member failure: the first wait, doubling up to the last.
+# Between a call's attempts after a member failure: the first wait, doubling up to the
+# last (quicker than the streams' reconnect pace: a caller is waiting).
 _BACKOFF_FIRST_S = 0.02
 _BACKOFF_MAX_S = 0.5
 
@@ -202,7 +204,7 @@ class EtcdClient:
         one-shot process milliseconds, and wrapping each call costs every call.)
         """
         index = self.members.preferred()
-        backoff = _BACKOFF_FIRST_S
+        backoff = Backoff(_BACKOFF_FIRST_S, _BACKOFF_MAX_S)
         while True:
             try:
                 return await attempt(index)
@@ -210,8 +212,7 @@ class EtcdClient:
                 index = self._attempt_failed(index, exc)
                 if not is_member_failure(exc) or time.monotonic() >= deadline:
                     raise self.error(exc) from exc
-            await asyncio.sleep(backoff)
-            backoff = min(2 * backoff, _BACKOFF_MAX_S)
+            await asyncio.sleep(backoff.failed())
 
     def _attempt_timeout(self, deadline: float) -> float:
         remaining = deadline - time.monotonic()
