@@ -10,7 +10,7 @@ import pytest
 
 from etcd_leases import BackendUnavailable, Election, EtcdLeaseProvider, HeldLease, LeaseError
 from etcd_leases.etcd.client import EtcdClient
-from etcd_leases.etcd.txn import Txn, delete
+from etcd_leases.etcd.txn import Txn, delete, get
 from etcd_leases.testing import EtcdCluster
 from tests.chaos.partitions import Partitions, PartitionsUnsupported
 from tests.conftest import eventually
@@ -96,6 +96,35 @@ async def test_a_member_that_answers_no_leader_is_cooled_down_briefly(
             for member in others:
                 member.resume()
             await client.close()
+
+
+async def test_a_frozen_member_costs_a_call_only_its_share_of_the_timeout(
+    etcd_binary: str,
+) -> None:
+    """Each attempt gets the call's timeout split between the endpoints (at least 0.5 s):
+    a frozen member first in line leaves the call time for the next one's answer."""
+    with EtcdCluster(3, binary=etcd_binary) as cluster:
+        leader = cluster.leader()
+        frozen = next(m for m in cluster.members if m is not leader)
+        others = [m for m in cluster.members if m is not frozen]
+        endpoints = [frozen.endpoint, *(m.endpoint for m in others)]
+        two = EtcdClient(endpoints[:2], timeout=2.0, member_sync_interval=None)  # 1 s each
+        three = EtcdClient(endpoints, timeout=1.2, member_sync_interval=None)  # 0.5 s each
+        once = EtcdClient(endpoints, timeout=1.0, member_sync_interval=None)
+        try:
+            for client in (two, three, once):
+                await client.range(b"k")  # connected; the member to freeze answered first
+            frozen.pause()
+            # A transaction is never retried (its outcome would be unknown): it fails at
+            # the timeout, well before gRPC's keep-alive could notice the frozen member
+            # (5 s at the soonest), and the next call starts at the next member.
+            with pytest.raises(BackendUnavailable):
+                await asyncio.wait_for(once.txn(Txn.when().then(get(b"k")).request), 3.0)
+            assert once.members.preferred() == 1
+            assert await asyncio.gather(two.range(b"k"), three.range(b"k")) == [None, None]
+        finally:
+            frozen.resume()
+            await asyncio.gather(two.close(), three.close(), once.close())
 
 
 @pytest.fixture
