@@ -11,7 +11,7 @@ import pytest
 from etcd_leases import BackendUnavailable, Election, EtcdLeaseProvider, HeldLease, LeaseError
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.txn import Txn, delete, get
-from etcd_leases.testing import EtcdCluster
+from etcd_leases.testing import EtcdCluster, etcd_version
 from tests.chaos.partitions import Partitions, PartitionsUnsupported
 from tests.conftest import eventually
 
@@ -111,10 +111,16 @@ async def test_a_frozen_member_costs_a_call_only_its_share_of_the_timeout(
         two = EtcdClient(endpoints[:2], timeout=2.0, member_sync_interval=None)  # 1 s each
         three = EtcdClient(endpoints, timeout=1.2, member_sync_interval=None)  # 0.5 s each
         once = EtcdClient(endpoints, timeout=1.0, member_sync_interval=None)
+        fresh = EtcdClient(endpoints[:2], timeout=2.0, member_sync_interval=None)
         try:
             for client in (two, three, once):
                 await client.range(b"k")  # connected; the member to freeze answered first
             frozen.pause()
+            # A first call reads the server's version first: briefly (1 s at most), and
+            # again on the next call, of a member that answers.
+            assert await asyncio.wait_for(fresh.range(b"k"), 4.0) is None
+            await fresh.range(b"k")
+            assert fresh.server_version == etcd_version(etcd_binary)
             # A transaction is never retried (its outcome would be unknown): it fails at
             # the timeout, well before gRPC's keep-alive could notice the frozen member
             # (5 s at the soonest), and the next call starts at the next member.
@@ -125,7 +131,7 @@ async def test_a_frozen_member_costs_a_call_only_its_share_of_the_timeout(
             assert by_two is None and by_three is None  # answered in time: no such key
         finally:
             frozen.resume()
-            await asyncio.gather(two.close(), three.close(), once.close())
+            await asyncio.gather(two.close(), three.close(), once.close(), fresh.close())
 
 
 @pytest.fixture

@@ -46,3 +46,5 @@ async def test_version_is_read_on_connect_and_warned_of_once(
     warnings = [r for r in caplog.records if "bug 15247" in r.getMessage()]
     assert len(warnings) == (1 if has_bug_15247(version) else 0)
     assert all(r.levelno == logging.WARNING for r in warnings)
+    # It names the version and the member that answered it.
+    assert all(f"etcd {version} at {etcd.endpoints[0]} has" in r.getMessage() for r in warnings)
