@@ -72,6 +72,8 @@ class Worker:
             await asyncio.sleep(self.random.uniform(0, 0.2))
 
     async def tenure(self, key: str, start: float) -> None:
+        # Until its lease is read, a revoke may end the new tenure: none is excused.
+        self.held = []
         hold = self.provider.hold(key, self.config.name, self.config.ttl_ms, wait=WAIT_FOR_KEY)
         async with hold as lease:
             end = time.monotonic()
