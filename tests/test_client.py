@@ -5,11 +5,13 @@ and a caller's own cancel stays a cancel."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from etcd_leases import BackendUnavailable, ProviderClosed
+from etcd_leases import BackendUnavailable, LeaseValueError, ProviderClosed
 from etcd_leases.etcd import client as client_module
 from etcd_leases.etcd.backoff import Backoff
 from etcd_leases.etcd.client import EtcdClient
@@ -128,3 +130,49 @@ async def test_a_call_tries_again_at_a_doubling_pace(monkeypatch: pytest.MonkeyP
     for waits in paces:
         assert waits[:6] == [0.02, 0.04, 0.08, 0.16, 0.32, 0.5]
         assert set(waits[6:]) == {0.5}
+
+
+NO_SECONDS = "must be a positive number of seconds"
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"timeout": 0}, f"timeout {NO_SECONDS}, got 0"),
+        ({"timeout": -1.5}, f"timeout {NO_SECONDS}, got -1.5"),
+        ({"timeout": float("nan")}, f"timeout {NO_SECONDS}, got nan"),
+        ({"cert": "c.pem"}, "cert and key must be given together"),
+        ({"key": "k.pem"}, "cert and key must be given together"),
+        ({"username": "u"}, "username and password must be given together"),
+        ({"password": "p"}, "username and password must be given together"),
+        ({"username": "", "password": "p"}, "username must not be empty"),
+        ({"member_sync_interval": 0}, f"member_sync_interval {NO_SECONDS} or None, got 0"),
+        ({"member_sync_interval": -2}, f"member_sync_interval {NO_SECONDS} or None, got -2"),
+    ],
+)
+def test_a_bad_setting_is_refused_in_its_own_words(options: dict[str, Any], words: str) -> None:
+    settings: dict[str, Any] = {"timeout": 1.0} | options
+    with pytest.raises(LeaseValueError, match=f"^{re.escape(words)}$"):
+        EtcdClient("127.0.0.1:2379", **settings)
+
+
+async def test_a_new_client_has_seen_nothing_yet() -> None:
+    """The least settings are taken (any positive seconds; no member sync at all)."""
+    for interval in (0.001, None):
+        client = EtcdClient("127.0.0.1:2379", timeout=0.001, member_sync_interval=interval)
+        assert client.timeout == 0.001
+        assert client.server_version is None and client.revision_seen == 0
+        assert client.keepalive_observers == [] and not client.closed
+        await client.close()
+
+
+async def test_a_ca_file_alone_means_tls_to_plain_endpoints(etcd_binary: str) -> None:
+    """``host:port`` endpoints (no scheme) speak TLS when only the CA is given."""
+    with EtcdCluster(1, binary=etcd_binary, tls=True) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=2.0, ca_cert=etcd.ca_cert)
+        try:
+            lease_id = new_lease_id()
+            await client.grant(5, lease_id)
+            assert await client.revoke(lease_id) is True
+        finally:
+            await client.close()
