@@ -8,12 +8,13 @@ against real etcd members (``test_failover.py``, ``test_renewal_round.py``).
 
 from __future__ import annotations
 
+import re
 import types
 
 import grpc
 import pytest
 
-from etcd_leases.errors import ProviderClosed
+from etcd_leases.errors import LeaseValueError, ProviderClosed
 from etcd_leases.etcd import members as members_module
 from etcd_leases.etcd.members import Members, parse_endpoints
 
@@ -148,3 +149,42 @@ async def test_one_channel_per_endpoint_until_closed(clock: Clock) -> None:
     assert members.closed
     with pytest.raises(ProviderClosed, match=r"^the provider is closed$"):
         members.channel(0)
+
+
+NOT_HOST_PORT = "is not [http(s)://]host:port"
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "words"),
+    [
+        ("", "endpoints must name at least one etcd member"),
+        ([" , ", ""], "endpoints must name at least one etcd member"),
+        (["a:1", 2379], "endpoints must be strings, got int"),
+        ("ftp://a:1", "endpoints: 'ftp://a:1': the scheme must be http or https"),
+        ("http://", f"endpoints: 'http://' {NOT_HOST_PORT}"),
+        ("a:1/path", f"endpoints: 'a:1/path' {NOT_HOST_PORT}"),
+        ("a:1?x=1", f"endpoints: 'a:1?x=1' {NOT_HOST_PORT}"),
+        ("a:1#top", f"endpoints: 'a:1#top' {NOT_HOST_PORT}"),
+        ("u@a:1", f"endpoints: 'u@a:1' {NOT_HOST_PORT}"),
+        ("b:2,a", f"endpoints: 'a' {NOT_HOST_PORT}: it has no valid port"),
+        ("a:http", f"endpoints: 'a:http' {NOT_HOST_PORT}: it has no valid port"),
+        ("https://a:0", f"endpoints: 'https://a:0' {NOT_HOST_PORT}: it has no valid port"),
+    ],
+)
+def test_a_malformed_endpoint_is_refused_in_words_naming_it(
+    endpoints: str | list[str], words: str
+) -> None:
+    with pytest.raises(LeaseValueError, match=f"^{re.escape(words)}$"):
+        parse_endpoints(endpoints, tls=False)
+
+
+def test_an_endpoint_speaks_tls_by_its_scheme_else_by_the_tls_flag() -> None:
+    def secure(text: str, tls: bool) -> list[bool]:
+        return [endpoint.secure for endpoint in parse_endpoints(text, tls=tls)]
+
+    assert secure("a:1,http://b:2,https://c:3", tls=False) == [False, False, True]
+    assert secure("a:1,http://b:2,https://c:3", tls=True) == [True, False, True]
+    assert [e.target for e in parse_endpoints(["https://c:3/", " d:4 "], tls=True)] == [
+        "c:3",
+        "d:4",
+    ]

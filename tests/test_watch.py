@@ -8,6 +8,7 @@ import statistics
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import NamedTuple
 
 import pytest
 
@@ -263,34 +264,48 @@ async def test_cancel_stops_delivery(etcd: EtcdCluster, client: EtcdClient) -> N
         await stream.close()
 
 
+class Lone(NamedTuple):
+    """A one-member cluster of the test's own (to kill, compact, count watches on), a
+    client of it and a stream on that client."""
+
+    etcd: EtcdCluster
+    client: EtcdClient
+    stream: WatchStream
+
+
+@pytest.fixture
+async def lone(etcd_binary: str) -> AsyncIterator[Lone]:
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=5)
+        stream = WatchStream(client)
+        try:
+            yield Lone(etcd, client, stream)
+        finally:
+            await stream.close()
+            await client.close()
+
+
 async def test_cancelled_watchers_leave_no_watch_on_etcd(
-    etcd_binary: str, caplog: pytest.LogCaptureFixture
+    lone: Lone, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A cancelled watcher's watch is cancelled on etcd too, and only its own: the stream
     the others share goes on unbroken. Counted on a member of its own (etcd's gauge of
     live watchers), so no other test's watches are in the count."""
     caplog.set_level(logging.INFO, logger="etcd_leases.etcd.watch.stream")
-    with EtcdCluster(1, binary=etcd_binary) as etcd:
-        member = etcd.members[0]
-        client = EtcdClient(etcd.endpoints, timeout=5)
-        stream = WatchStream(client)
-        try:
-            key = new_key()
-            start = await current_revision(client) + 1
-            kept = stream.watch(key, start)
-            dropped = stream.watch(key, start)
-            unborn = stream.watch(key, start)
-            unborn.cancel()  # before its create was sent
-            await registered(kept, dropped)
-            dropped.cancel()
-            await eventually(lambda: member.metric("etcd_debugging_mvcc_watcher_total") == 1)
-            revision = await write(client, key, b"x")
-            assert summary(await next_batch(kept)) == [(PUT, b"x", revision)]
-            assert member.metric("etcd_debugging_mvcc_watcher_total") == 1
-            assert [r.getMessage() for r in caplog.records if "broke" in r.getMessage()] == []
-        finally:
-            await stream.close()
-            await client.close()
+    client, stream, member = lone.client, lone.stream, lone.etcd.members[0]
+    key = new_key()
+    start = await current_revision(client) + 1
+    kept = stream.watch(key, start)
+    dropped = stream.watch(key, start)
+    unborn = stream.watch(key, start)
+    unborn.cancel()  # before its create was sent
+    await registered(kept, dropped)
+    dropped.cancel()
+    await eventually(lambda: member.metric("etcd_debugging_mvcc_watcher_total") == 1)
+    revision = await write(client, key, b"x")
+    assert summary(await next_batch(kept)) == [(PUT, b"x", revision)]
+    assert member.metric("etcd_debugging_mvcc_watcher_total") == 1
+    assert [r.getMessage() for r in caplog.records if "broke" in r.getMessage()] == []
 
 
 async def test_writes_during_an_outage_arrive_once_after_the_stream_moves(
@@ -339,40 +354,33 @@ async def test_writes_during_an_outage_arrive_once_after_the_stream_moves(
 
 
 async def test_a_stream_that_served_a_while_is_reopened_without_the_grown_backoff(
-    etcd_binary: str, caplog: pytest.LogCaptureFixture
+    lone: Lone, caplog: pytest.LogCaptureFixture
 ) -> None:
     """While its member is down the stream is retried ever later (50 ms, 100 ms, ...);
     once a stream has served for 2 s, its break is a new failure, retried after 50 ms
     again. Read in the waits the stream logs, not in seconds."""
     caplog.set_level(logging.INFO, logger="etcd_leases.etcd.watch.stream")
-    with EtcdCluster(1, binary=etcd_binary) as etcd:
-        member = etcd.members[0]
-        client = EtcdClient(etcd.endpoints, timeout=5)
-        stream = WatchStream(client)
-        try:
-            watcher = stream.watch(new_key(), await current_revision(client) + 1)
-            await registered(watcher)
+    client, stream, member = lone.client, lone.stream, lone.etcd.members[0]
+    watcher = stream.watch(new_key(), await current_revision(client) + 1)
+    await registered(watcher)
 
-            def waits() -> list[str]:
-                return [
-                    r.getMessage().rpartition("reopening in ")[2]
-                    for r in caplog.records
-                    if "watch stream broke" in r.getMessage()
-                ]
+    def waits() -> list[str]:
+        return [
+            r.getMessage().rpartition("reopening in ")[2]
+            for r in caplog.records
+            if "watch stream broke" in r.getMessage()
+        ]
 
-            await asyncio.to_thread(member.kill)
-            await eventually(lambda: len(waits()) >= 4, within=20)
-            await asyncio.to_thread(member.start)
-            await registered(watcher)
-            await asyncio.sleep(2.5)  # serving longer than 2 s
-            grown = len(waits())
-            assert waits()[:4] == ["0.05 s", "0.10 s", "0.20 s", "0.40 s"]
-            await asyncio.to_thread(member.kill)
-            await eventually(lambda: len(waits()) > grown, within=20)
-            assert waits()[grown] == "0.05 s"
-        finally:
-            await stream.close()
-            await client.close()
+    await asyncio.to_thread(member.kill)
+    await eventually(lambda: len(waits()) >= 4, within=20)
+    await asyncio.to_thread(member.start)
+    await registered(watcher)
+    await asyncio.sleep(2.5)  # serving longer than 2 s
+    grown = len(waits())
+    assert waits()[:4] == ["0.05 s", "0.10 s", "0.20 s", "0.40 s"]
+    await asyncio.to_thread(member.kill)
+    await eventually(lambda: len(waits()) > grown, within=20)
+    assert waits()[grown] == "0.05 s"
 
 
 def grpc_poller(record: logging.LogRecord) -> bool:
@@ -382,27 +390,21 @@ def grpc_poller(record: logging.LogRecord) -> bool:
     return "PollerCompletionQueue._handle_events" in record.getMessage()
 
 
-async def test_compacted_start_revision_yields_the_reread_signal(etcd_binary: str) -> None:
-    # Compaction is cluster-wide: use a member of our own.
-    with EtcdCluster(1, binary=etcd_binary) as etcd:
-        async with asyncio.timeout(20):
-            client = EtcdClient(etcd.endpoints, timeout=5)
-            stream = WatchStream(client)
-            try:
-                key = new_key()
-                revisions = [await write(client, key, v) for v in (b"1", b"2", b"3")]
-                await asyncio.to_thread(etcd.etcdctl, "compact", str(revisions[2]))
-                watcher = stream.watch(key, revisions[0])
-                assert await next_batch(watcher) == []  # history lost: re-read the key
-                assert watcher.next_revision == revisions[2]
-                # It resumes at the compaction revision: what etcd kept comes once.
-                events = await next_batch(watcher)
-                assert summary(events) == [(PUT, b"3", revisions[2])]
-                revision = await write(client, key, b"4")
-                assert summary(await next_batch(watcher)) == [(PUT, b"4", revision)]
-            finally:
-                await stream.close()
-                await client.close()
+async def test_compacted_start_revision_yields_the_reread_signal(lone: Lone) -> None:
+    # Compaction is cluster-wide: on a member of our own.
+    client, stream = lone.client, lone.stream
+    async with asyncio.timeout(20):
+        key = new_key()
+        revisions = [await write(client, key, v) for v in (b"1", b"2", b"3")]
+        await asyncio.to_thread(lone.etcd.etcdctl, "compact", str(revisions[2]))
+        watcher = stream.watch(key, revisions[0])
+        assert await next_batch(watcher) == []  # history lost: re-read the key
+        assert watcher.next_revision == revisions[2]
+        # It resumes at the compaction revision: what etcd kept comes once.
+        events = await next_batch(watcher)
+        assert summary(events) == [(PUT, b"3", revisions[2])]
+        revision = await write(client, key, b"4")
+        assert summary(await next_batch(watcher)) == [(PUT, b"4", revision)]
 
 
 async def test_a_quiet_watcher_follows_the_store_and_survives_a_compaction(
