@@ -353,6 +353,47 @@ async def test_writes_during_an_outage_arrive_once_after_the_stream_moves(
         await writer.close()
 
 
+@pytest.mark.parametrize(
+    ("asked", "reason"),
+    [
+        ("nothing", "etcd stopped answering the watch stream"),
+        ("a create", "etcd did not confirm a watch in time"),
+    ],
+)
+async def test_a_member_that_freezes_under_a_stream_is_given_up_and_nothing_missed(
+    etcd_cluster: EtcdCluster, caplog: pytest.LogCaptureFixture, asked: str, reason: str
+) -> None:
+    """A frozen member keeps its connections open and answers nothing, and gRPC's
+    keepalive would take 15 s to notice. A quiet stream asks for progress and gives the
+    member up when no answer comes; a create unanswered gives it up at once. Either way
+    the change made meanwhile arrives from the next member. Decided by the reason the
+    stream logs, not by the time it took."""
+    caplog.set_level(logging.INFO, logger="etcd_leases.etcd.watch.stream")
+    frozen = etcd_cluster.members[0]
+    watching = EtcdClient(etcd_cluster.endpoints, timeout=5)  # its stream starts on `frozen`
+    writer = EtcdClient(etcd_cluster.endpoints[1:], timeout=5)
+    stream = WatchStream(watching)
+    try:
+        key = new_key()
+        start = await current_revision(writer) + 1
+        quiet = stream.watch(key, start)
+        await registered(quiet)
+        frozen.pause()
+        late = stream.watch(key, start) if asked == "a create" else quiet
+        await asyncio.to_thread(etcd_cluster.leader)
+        revision = await write(writer, key, b"meanwhile")
+        for watcher in {quiet, late}:
+            assert summary(await next_batch(watcher, within=30)) == [(PUT, b"meanwhile", revision)]
+        broke = [r.getMessage() for r in caplog.records if "watch stream broke" in r.getMessage()]
+        assert broke[0].startswith(f"etcd watch stream broke (_StreamBroken: {reason}); ")
+    finally:
+        if frozen.paused:
+            frozen.resume()
+        await stream.close()
+        await watching.close()
+        await writer.close()
+
+
 async def test_a_stream_that_served_a_while_is_reopened_without_the_grown_backoff(
     lone: Lone, caplog: pytest.LogCaptureFixture
 ) -> None:
