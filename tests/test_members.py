@@ -8,6 +8,7 @@ against real etcd members (``test_failover.py``, ``test_renewal_round.py``).
 
 from __future__ import annotations
 
+import asyncio
 import re
 import types
 
@@ -15,8 +16,11 @@ import grpc
 import pytest
 
 from etcd_leases.errors import LeaseValueError, ProviderClosed
+from etcd_leases.etcd import member_sync as member_sync_module
 from etcd_leases.etcd import members as members_module
+from etcd_leases.etcd.member_sync import MemberSync
 from etcd_leases.etcd.members import Members, parse_endpoints
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 
 class Clock:
@@ -188,3 +192,86 @@ def test_an_endpoint_speaks_tls_by_its_scheme_else_by_the_tls_flag() -> None:
         "c:3",
         "d:4",
     ]
+
+
+class MemberLists:
+    """The member lists a ``MemberSync`` reads, as etcd's response (the policy under
+    test is what it does with them; ``test_failover.py`` follows real replacements)."""
+
+    def __init__(self, *members: pb.Member) -> None:
+        self.members = list(members)
+        self.reads = 0
+
+    async def __call__(self) -> pb.MemberListResponse:
+        self.reads += 1
+        return pb.MemberListResponse(members=self.members)
+
+
+async def test_a_sync_adds_the_voting_members_and_passes_learners_over(clock: Clock) -> None:
+    members = cluster(1)
+    lists = MemberLists(
+        pb.Member(clientURLs=["http://127.0.0.1:2379"]),
+        pb.Member(clientURLs=["http://127.0.0.1:3000", "http://127.0.0.2:3000"]),
+        pb.Member(clientURLs=["http://127.0.0.1:3001"], isLearner=True),
+    )
+    sync = MemberSync(members, lists, None)
+    assert await sync.sync() == ["127.0.0.1:3000", "127.0.0.2:3000"]
+    assert await sync.sync() == []
+    assert members.targets == ["127.0.0.1:2379", "127.0.0.1:3000", "127.0.0.2:3000"]
+
+
+async def test_a_member_failure_reads_the_list_at_most_every_five_seconds(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        member_sync_module, "time", types.SimpleNamespace(monotonic=clock.monotonic)
+    )
+    endpoints = parse_endpoints("127.0.0.1:2379,127.0.0.1:2389", tls=False)
+    members = Members(endpoints, grpc.ssl_channel_credentials(), lambda: sync.member_failed())
+    lists = MemberLists(pb.Member(clientURLs=["http://127.0.0.1:3000"]))
+    sync = MemberSync(members, lists, 3600.0)  # never periodically in this test
+    members.failed(0)
+    await sync.close(1.0)  # waits for the sync the failure started
+    assert lists.reads == 1 and members.targets[-1] == "127.0.0.1:3000"
+    clock.now += 4.9
+    members.failed(1)
+    await sync.close(1.0)
+    assert lists.reads == 1
+    clock.now += 0.1
+    members.failed(0)  # 5 s after the first: read again
+    await sync.close(1.0)
+    assert lists.reads == 2
+    await members.close()
+    members.failed(0)  # closed: nothing more is read
+    clock.now += 10
+    members.failed(1)
+    await sync.close(1.0)
+    assert lists.reads == 2
+
+
+async def test_the_periodic_sync_runs_once_per_client_until_the_members_close() -> None:
+    lists = MemberLists(pb.Member(clientURLs=["http://127.0.0.1:3000"]))
+    members = cluster(1)
+    sync = MemberSync(members, lists, 0.01)
+    sync.start()
+    sync.start()  # idempotent: still one task
+    await asyncio.sleep(0.1)
+    running = [t for t in asyncio.all_tasks() if t.get_name() == "etcd-leases member sync"]
+    assert len(running) == 1 and lists.reads >= 2
+    assert members.targets == ["127.0.0.1:2379", "127.0.0.1:3000"]
+    await members.close()  # the client closing: the loop ends of itself
+    await asyncio.wait(running, timeout=1.0)
+    assert running[0].done() and not running[0].cancelled()
+    await sync.close(1.0)
+
+
+async def test_no_interval_means_no_sync_at_all(clock: Clock) -> None:
+    lists = MemberLists(pb.Member(clientURLs=["http://127.0.0.1:3000"]))
+    members = cluster(1)
+    sync = MemberSync(members, lists, None)
+    sync.start()
+    sync.member_failed()
+    await asyncio.sleep(0.05)
+    await sync.close(1.0)
+    assert lists.reads == 0
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "etcd-leases member sync"]
