@@ -8,8 +8,11 @@ from collections.abc import Iterator
 import pytest
 
 from etcd_leases import Election, EtcdLeaseProvider, HeldLease, LeaseError, PermissionDenied
+from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.txn import Txn, put
+from etcd_leases.etcd.watch import WatchStream
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import enable_auth
+from tests.conftest import enable_auth, eventually
 
 
 async def test_tls_with_client_certificates(etcd_binary: str) -> None:
@@ -184,3 +187,52 @@ async def test_with_auth_calls_move_past_a_killed_member(etcd_binary: str) -> No
             etcd.members[0].kill()  # the member the provider logged in on
             assert await provider.get_lease_owner("k") == "alice"
             assert await provider.transfer_lease("k", "alice", "bob", 10_000)
+
+
+async def test_a_login_on_a_frozen_member_costs_a_call_only_its_share(etcd_binary: str) -> None:
+    """A member that froze after its connection came up, when the client must log in on
+    it again (its token refused, as a renewal stream's may be): the login waits for the
+    attempt's share of the timeout, not for all of it, so the call moves on and answers.
+    Decided by the answer: a login waiting out the whole timeout leaves none to move on."""
+    with EtcdCluster(3, binary=etcd_binary) as etcd:
+        enable_auth(etcd)
+        client = EtcdClient(etcd.endpoints, timeout=3.0, username="app", password="apppw")
+        try:
+            assert await client.range(b"/allowed/k") is None  # logged in on members[0]
+            etcd.members[0].pause()
+            client.auth.invalidate(0)
+            assert await client.range(b"/allowed/k") is None
+            assert client.members.preferred() != 0
+        finally:
+            etcd.members[0].resume()
+            await client.close()
+
+
+async def test_a_watch_logging_in_on_a_frozen_member_moves_on_within_its_share(
+    etcd_binary: str,
+) -> None:
+    """The watch stream's login too waits only a create's share of the timeout (a third,
+    with three members). Decided by order, not by seconds: a transaction (never retried)
+    sent on the frozen member first fails at the whole timeout, after the watch, begun
+    later, has moved to another member and been created there."""
+    with EtcdCluster(3, binary=etcd_binary) as etcd:
+        enable_auth(etcd)
+        client = EtcdClient(etcd.endpoints, timeout=3.0, username="app", password="apppw")
+        stream = WatchStream(client)
+        try:
+            await client.range(b"/allowed/k")  # logged in on members[0]
+            etcd.members[0].pause()
+            client.auth.invalidate(0)
+            stuck = asyncio.ensure_future(
+                client.txn(Txn.when().then(put(b"/allowed/t", b"")).request)
+            )
+            await asyncio.sleep(0.2)
+            watcher = stream.watch(b"/allowed/k", client.revision_seen + 1)
+            await eventually(lambda: watcher.registered, "the watch created elsewhere")
+            assert not stuck.done()
+            with pytest.raises(LeaseError):
+                await stuck
+        finally:
+            etcd.members[0].resume()
+            await stream.close()
+            await client.close()

@@ -37,13 +37,22 @@ class Auth:
     def enabled(self) -> bool:
         return self._username is not None
 
-    async def metadata(self, index: int | None = None) -> Metadata:
-        """Request metadata for endpoint ``index``: fail fast without a leader; the token."""
+    async def metadata(
+        self, index: int | None = None, *, login_timeout: float | None = None
+    ) -> Metadata:
+        """Request metadata for endpoint ``index``: fail fast without a leader; the token.
+
+        A login waits ``login_timeout`` seconds at most (``None``: the client's timeout):
+        a caller with a share of the timeout per member passes its share, so a member
+        that froze before answering a login costs no more than one that froze later.
+        """
         if self._username is None:
             return _NO_TOKEN
         index = self._members.preferred() if index is None else index
         if index not in self._tokens:
-            await self._authenticate(index)
+            await self._authenticate(
+                index, self._timeout if login_timeout is None else login_timeout
+            )
         metadata = self._with_token.get(index)
         if metadata is None:
             metadata = self._with_token[index] = Metadata(
@@ -57,7 +66,7 @@ class Auth:
         self._tokens.pop(index, None)
         self._with_token.pop(index, None)
 
-    async def _authenticate(self, index: int) -> None:
+    async def _authenticate(self, index: int, timeout: float) -> None:
         assert self._username is not None and self._password is not None
         request = pb.AuthenticateRequest(name=self._username, password=self._password)
         call = self._members.channel(index).unary_unary(
@@ -65,6 +74,6 @@ class Auth:
             request_serializer=pb.AuthenticateRequest.SerializeToString,
             response_deserializer=pb.AuthenticateResponse.FromString,
         )
-        response: pb.AuthenticateResponse = await call(request, timeout=self._timeout)
+        response: pb.AuthenticateResponse = await call(request, timeout=timeout)
         self._tokens[index] = response.token
         self._with_token.pop(index, None)

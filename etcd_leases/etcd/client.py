@@ -176,9 +176,8 @@ class EtcdClient:
         try:
             for _ in range(2):
                 try:
-                    response: ResponseT = await call(
-                        request, timeout=deadline_s, metadata=await self.auth.metadata(index)
-                    )
+                    metadata = await self.auth.metadata(index, login_timeout=deadline_s)
+                    response: ResponseT = await call(request, timeout=deadline_s, metadata=metadata)
                     self.members.answered(index)
                     header = getattr(response, "header", None)
                     if header is not None and header.revision > self.revision_seen:

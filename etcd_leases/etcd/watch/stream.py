@@ -247,7 +247,9 @@ class WatchStream:
     async def _session(self) -> None:
         """One stream: returns when idle, raises when it broke."""
         self._endpoint = self._client.members.preferred()
-        metadata = await self._client.auth.metadata(self._endpoint)
+        # A member frozen before our login answers costs a create's share, no more.
+        login_timeout = self._create_timeout()
+        metadata = await self._client.auth.metadata(self._endpoint, login_timeout=login_timeout)
         call = self._client.watch_stream(metadata, self._endpoint)
         self._heard_at = asyncio.get_running_loop().time()  # a new stream starts trusted
         sender = asyncio.create_task(self._send_loop(call))
