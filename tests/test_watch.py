@@ -359,6 +359,7 @@ async def test_writes_during_an_outage_arrive_once_after_the_stream_moves(
         ("nothing", "etcd stopped answering the watch stream"),
         ("a create", "etcd did not confirm a watch in time"),
     ],
+    ids=["quiet", "creating"],
 )
 async def test_a_member_that_freezes_under_a_stream_is_given_up_and_nothing_missed(
     etcd_cluster: EtcdCluster, caplog: pytest.LogCaptureFixture, asked: str, reason: str
@@ -440,12 +441,29 @@ async def test_compacted_start_revision_yields_the_reread_signal(lone: Lone) -> 
         await asyncio.to_thread(lone.etcd.etcdctl, "compact", str(revisions[2]))
         watcher = stream.watch(key, revisions[0])
         assert await next_batch(watcher) == []  # history lost: re-read the key
-        assert watcher.next_revision == revisions[2]
+        assert watcher.next_revision == revisions[2] and not watcher.registered  # yet
         # It resumes at the compaction revision: what etcd kept comes once.
         events = await next_batch(watcher)
         assert summary(events) == [(PUT, b"3", revisions[2])]
         revision = await write(client, key, b"4")
         assert summary(await next_batch(watcher)) == [(PUT, b"4", revision)]
+
+
+async def test_a_quiet_stream_on_a_live_member_is_kept(
+    lone: Lone, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream with nothing to deliver asks for progress after a second of quiet, and the
+    answer proves it alive: it is not given up, however long the quiet (here past the 3 s
+    after which an unanswered probe gives a member up)."""
+    caplog.set_level(logging.INFO, logger="etcd_leases.etcd.watch.stream")
+    client, stream = lone.client, lone.stream
+    key = new_key()
+    watcher = stream.watch(key, await current_revision(client) + 1)
+    await registered(watcher)
+    await asyncio.sleep(4.5)
+    assert [r.getMessage() for r in caplog.records if "broke" in r.getMessage()] == []
+    revision = await write(client, key, b"after the quiet")
+    assert summary(await next_batch(watcher)) == [(PUT, b"after the quiet", revision)]
 
 
 async def test_a_quiet_watcher_follows_the_store_and_survives_a_compaction(

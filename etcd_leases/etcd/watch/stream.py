@@ -146,8 +146,9 @@ class WatchStream:
     # Bookkeeping shared by the API and the stream task.
 
     def _live(self) -> bool:
-        creating = self._creating is not None and not self._creating.ended
-        return bool(self._pending or self._active or creating)
+        # Never asked while a create is in flight: the sender waits for its answer
+        # first, and a session's end moves it back to the pending ones.
+        return bool(self._pending or self._active)
 
     def _forget(self, watcher: Watcher) -> None:
         """``watcher`` was cancelled: drop it, and cancel its watch on etcd's side."""
