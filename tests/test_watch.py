@@ -288,8 +288,9 @@ async def lone(etcd_binary: str) -> AsyncIterator[Lone]:
 async def test_cancelled_watchers_leave_no_watch_on_etcd(
     lone: Lone, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A cancelled watcher's watch is cancelled on etcd too, and only its own: the stream
-    the others share goes on unbroken. Counted on a member of its own (etcd's gauge of
+    """A cancelled watcher's watch is cancelled on etcd too, and only its own (also one
+    cancelled while etcd had its create unanswered): the stream the others share goes on
+    unbroken. Counted on a member of its own (etcd's gauge of
     live watchers), so no other test's watches are in the count."""
     caplog.set_level(logging.INFO, logger="etcd_leases.etcd.watch.stream")
     client, stream, member = lone.client, lone.stream, lone.etcd.members[0]
@@ -301,6 +302,12 @@ async def test_cancelled_watchers_leave_no_watch_on_etcd(
     unborn.cancel()  # before its create was sent
     await registered(kept, dropped)
     dropped.cancel()
+    # One cancelled while its create is in flight: the member, frozen, has it unanswered.
+    member.pause()
+    midway = stream.watch(key, start)
+    await asyncio.sleep(0.2)  # sent
+    midway.cancel()
+    member.resume()
     await eventually(lambda: member.metric("etcd_debugging_mvcc_watcher_total") == 1)
     revision = await write(client, key, b"x")
     assert summary(await next_batch(kept)) == [(PUT, b"x", revision)]
@@ -447,6 +454,23 @@ async def test_compacted_start_revision_yields_the_reread_signal(lone: Lone) -> 
         assert summary(events) == [(PUT, b"3", revisions[2])]
         revision = await write(client, key, b"4")
         assert summary(await next_batch(watcher)) == [(PUT, b"4", revision)]
+
+
+async def test_a_watch_from_now_resumes_where_it_began_when_its_stream_breaks(lone: Lone) -> None:
+    """``start_revision=0`` begins right after the revision etcd created the watch at;
+    after a break (its member restarted) the watcher is not registered until created
+    again, from there: no change before it replayed, none after it lost."""
+    client, stream, member = lone.client, lone.stream, lone.etcd.members[0]
+    key = new_key()
+    before = await write(client, key, b"before")
+    watcher = stream.watch(key, 0)
+    await registered(watcher)
+    assert watcher.next_revision == before + 1
+    await asyncio.to_thread(member.kill)
+    await eventually(lambda: not watcher.registered)
+    await asyncio.to_thread(member.start)
+    after = await write(client, key, b"after")
+    assert summary(await next_batch(watcher)) == [(PUT, b"after", after)]
 
 
 async def test_a_quiet_stream_on_a_live_member_is_kept(
