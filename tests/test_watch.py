@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import pytest
 
-from etcd_leases import BackendError, PermissionDenied, ProviderClosed
+from etcd_leases import BackendError, LeaseError, PermissionDenied, ProviderClosed
 from etcd_leases.errors import LeaseTypeError, LeaseValueError
 from etcd_leases.etcd.auth import Metadata
 from etcd_leases.etcd.client import EtcdClient
@@ -400,6 +400,35 @@ async def test_a_member_that_freezes_under_a_stream_is_given_up_and_nothing_miss
         await stream.close()
         await watching.close()
         await writer.close()
+
+
+@pytest.mark.parametrize("endpoints", [2, 3])
+async def test_an_unanswered_create_costs_the_members_share_of_the_timeout(
+    etcd_cluster: EtcdCluster, endpoints: int
+) -> None:
+    """A create waits for its answer the client's timeout divided among the members (with
+    one member, all of it), then the stream moves on. Decided by order, not by seconds: a
+    transaction (never retried) sent on the frozen member first fails at the whole
+    timeout, after the watch, begun later, has been created on another member."""
+    frozen = etcd_cluster.members[0]
+    client = EtcdClient(etcd_cluster.endpoints[:endpoints], timeout=3.0)
+    stream = WatchStream(client)
+    try:
+        first = stream.watch(new_key(), await current_revision(client) + 1)
+        await registered(first)  # the stream is up, on `frozen`
+        frozen.pause()
+        stuck = asyncio.ensure_future(client.txn(Txn.when().then(put(new_key(), b"")).request))
+        await asyncio.sleep(0.2)
+        late = stream.watch(new_key(), first.next_revision)
+        await registered(late)
+        assert not stuck.done()
+        with pytest.raises(LeaseError):
+            await stuck
+    finally:
+        if frozen.paused:
+            frozen.resume()
+        await stream.close()
+        await client.close()
 
 
 async def test_a_stream_that_served_a_while_is_reopened_without_the_grown_backoff(
