@@ -653,6 +653,43 @@ async def test_a_failing_callback_does_not_disturb_the_others(
     assert len(raised) == 2
 
 
+async def test_a_watch_outlives_any_number_of_expired_tokens(
+    etcd_binary: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream reopened after its member froze carries a token that expired meanwhile:
+    etcd refuses the first create, the client logs in again, and the watch is created.
+    Each refusal settled so is forgotten: three of them (the limit for a watch refused
+    though its key is readable) leave the watch alive. Tokens live 1 s here."""
+    caplog.set_level(logging.INFO, logger="etcd_leases.etcd.watch.stream")
+    with EtcdCluster(1, binary=etcd_binary, extra_args=["--auth-token-ttl=1"]) as etcd:
+        enable_auth(etcd)
+        member = etcd.members[0]
+        client = EtcdClient(etcd.endpoints, timeout=5, username="app", password="apppw")
+        stream = WatchStream(client)
+
+        def refusals() -> int:
+            return sum("etcd refused a watch" in r.getMessage() for r in caplog.records)
+
+        def created_after(refused: int) -> Callable[[], bool]:
+            return lambda: refusals() == refused and watcher.registered
+
+        try:
+            watcher = stream.watch(b"/allowed/w", (await client.range_at(b"/allowed/w"))[1] + 1)
+            await registered(watcher)
+            for round_ in range(1, 4):
+                member.pause()
+                try:
+                    await eventually(lambda: not watcher.registered)  # the probe gave up
+                finally:
+                    member.resume()
+                await eventually(created_after(round_))
+            revision = await write(client, b"/allowed/w", b"still watched")
+            assert summary(await next_batch(watcher)) == [(PUT, b"still watched", revision)]
+        finally:
+            await stream.close()
+            await client.close()
+
+
 async def test_an_expired_token_is_renewed_and_a_real_refusal_reported(etcd_binary: str) -> None:
     # etcd checks the token a stream was opened with at every create; tokens live 1 s here.
     with EtcdCluster(1, binary=etcd_binary, extra_args=["--auth-token-ttl=1"]) as etcd:
