@@ -690,6 +690,31 @@ async def test_a_watch_outlives_any_number_of_expired_tokens(
             await client.close()
 
 
+async def test_a_client_closed_while_the_stream_logs_in_ends_its_watchers(
+    etcd_binary: str,
+) -> None:
+    """Closing the client cancels the stream's login in flight (its member frozen): the
+    watchers end with ``ProviderClosed`` rather than wait for ever."""
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        enable_auth(etcd)
+        member = etcd.members[0]
+        client = EtcdClient(etcd.endpoints, timeout=5, username="app", password="apppw")
+        stream = WatchStream(client)
+        try:
+            start = (await client.range_at(b"/allowed/c"))[1] + 1  # connected, logged in
+            member.pause()
+            client.auth.invalidate(0)  # the stream must log in again, on the frozen member
+            watcher = stream.watch(b"/allowed/c", start)
+            await asyncio.sleep(0.3)  # its login is waiting
+            await client.close()
+            with pytest.raises(ProviderClosed, match=r"^the provider was closed during the call$"):
+                await next_batch(watcher)
+        finally:
+            member.resume()
+            await stream.close()
+            await client.close()
+
+
 async def test_an_expired_token_is_renewed_and_a_real_refusal_reported(etcd_binary: str) -> None:
     # etcd checks the token a stream was opened with at every create; tokens live 1 s here.
     with EtcdCluster(1, binary=etcd_binary, extra_args=["--auth-token-ttl=1"]) as etcd:
