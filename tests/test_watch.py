@@ -577,6 +577,9 @@ async def test_close_ends_every_watcher_with_provider_closed(
     iterated = stream.watch(key, start)
     called = stream.watch(key, start, on_events=lambda batch: None, on_error=errors.append)
     await registered(iterated, called)
+    # One task serves the stream, named for whoever lists a process's tasks.
+    names = [task.get_name() for task in asyncio.all_tasks()]
+    assert names.count("etcd-leases watch stream") == 1
     revision = await write(client, key, b"x")
 
     async def drain() -> list[pb.Event]:
@@ -596,7 +599,7 @@ async def test_close_ends_every_watcher_with_provider_closed(
     assert [type(error) for error in errors] == [ProviderClosed]
     assert called.ended and not stream.running
     assert not called.registered and repr(called) == f"<Watcher {key!r} ended>"
-    with pytest.raises(ProviderClosed):
+    with pytest.raises(ProviderClosed, match=r"^the watch stream is closed$"):
         stream.watch(key, revision)
 
 
