@@ -592,8 +592,9 @@ async def test_close_ends_every_watcher_with_provider_closed(
     await asyncio.sleep(0.1)
     await stream.close()
     await stream.close()  # idempotent
-    with pytest.raises(ProviderClosed):
+    with pytest.raises(ProviderClosed, match=r"^the watch stream is closed$"):
         await draining
+    assert "etcd-leases watch stream" not in [task.get_name() for task in asyncio.all_tasks()]
     with pytest.raises(ProviderClosed):  # and again, for a late reader
         await anext(iterated)
     assert [type(error) for error in errors] == [ProviderClosed]
