@@ -326,37 +326,44 @@ async def test_an_adopted_tenure_is_renewed_and_its_loss_seen(etcd: EtcdCluster)
 
 
 async def test_an_adopted_tenure_sees_a_change_right_after_its_read(
-    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+    etcd_binary: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The key changes at the very next revision after the adoption read it: its watch
     starts from that revision, so the change is seen as what it is (a transfer naming
-    the new owner), not learnt later from the lease's loss."""
-    async with (
-        EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider,
-        EtcdLeaseProvider(etcd.endpoints, prefix=provider.prefix) as other,
-    ):
-        taken = await other.acquire_lease("k", "alice", 30_000)
-        assert taken.token is not None
-        client, original = provider.client, provider.client._attempt
-        read_at: list[int] = []
+    the new owner), not learnt later from the lease's loss. On a member of its own: in
+    the shared one, another test's lease expiring may take that next revision."""
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        async with (
+            EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider,
+            EtcdLeaseProvider(etcd.endpoints, prefix=provider.prefix) as other,
+        ):
+            taken = await other.acquire_lease("k", "alice", 30_000)
+            assert taken.token is not None
+            client, original = provider.client, provider.client._attempt
+            read_at: list[int] = []
 
-        async def attempt(
-            index: int, path: str, request: Message, response_type: type[Message], deadline: float
-        ) -> Message:
-            answer = await original(index, path, request, response_type, deadline)
-            if path.endswith("/Range") and not read_at:  # the adoption's read
-                assert isinstance(answer, pb.RangeResponse)
-                read_at.append(answer.header.revision)
-                assert await other.transfer_lease("k", "alice", "carol", 30_000)
-            return answer
+            async def attempt(
+                index: int,
+                path: str,
+                request: Message,
+                response_type: type[Message],
+                deadline: float,
+            ) -> Message:
+                answer = await original(index, path, request, response_type, deadline)
+                if path.endswith("/Range") and not read_at:  # the adoption's read
+                    assert isinstance(answer, pb.RangeResponse)
+                    read_at.append(answer.header.revision)
+                    assert await other.transfer_lease("k", "alice", "carol", 30_000)
+                return answer
 
-        monkeypatch.setattr(client, "_attempt", attempt)
-        keeper = await provider.keep_lease("k", "alice", taken.token, 30_000, time.monotonic() + 20)
-        monkeypatch.undo()
-        kv = await client.range(provider.etcd_key("k"))
-        assert kv is not None and kv.mod_revision == read_at[0] + 1  # the next revision
-        await asyncio.wait_for(keeper.lost.wait(), 10)
-        assert "carol" in (keeper.lost_reason or ""), keeper.lost_reason
+            monkeypatch.setattr(client, "_attempt", attempt)
+            until = time.monotonic() + 20
+            keeper = await provider.keep_lease("k", "alice", taken.token, 30_000, until)
+            monkeypatch.undo()
+            kv = await client.range(provider.etcd_key("k"))
+            assert kv is not None and kv.mod_revision == read_at[0] + 1  # the next revision
+            await asyncio.wait_for(keeper.lost.wait(), 10)
+            assert "carol" in (keeper.lost_reason or ""), keeper.lost_reason
 
 
 async def test_an_adoption_on_the_session_lease_leaves_it_to_the_other_keys(
