@@ -498,6 +498,7 @@ async def test_a_watch_from_now_resumes_where_it_began_when_its_stream_breaks(lo
     await asyncio.to_thread(member.kill)
     await eventually(lambda: not watcher.registered)
     await asyncio.to_thread(member.start)
+    await registered(watcher)  # the member serves again (a transaction is never retried)
     after = await write(client, key, b"after")
     assert summary(await next_batch(watcher)) == [(PUT, b"after", after)]
 
