@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import NamedTuple
 
+import grpc
 import pytest
 
 from etcd_leases import BackendError, LeaseError, PermissionDenied, ProviderClosed
@@ -518,6 +519,58 @@ async def test_a_quiet_stream_on_a_live_member_is_kept(
     assert [r.getMessage() for r in caplog.records if "broke" in r.getMessage()] == []
     revision = await write(client, key, b"after the quiet")
     assert summary(await next_batch(watcher)) == [(PUT, b"after the quiet", revision)]
+
+
+class SlowProgressAnswers:
+    """A watch call whose answers to progress requests, after the first, reach the stream
+    ``delay`` seconds late, as over a slow link."""
+
+    def __init__(self, call: grpc.aio.StreamStreamCall[pb.WatchRequest, pb.WatchResponse]) -> None:
+        self._call = call
+        self.progress_answers = 0
+
+    async def write(self, request: pb.WatchRequest) -> None:
+        await self._call.write(request)
+
+    async def read(self) -> object:
+        response = await self._call.read()
+        if isinstance(response, pb.WatchResponse) and response.watch_id == -1:
+            self.progress_answers += 1
+            if self.progress_answers > 1:
+                await asyncio.sleep(1.3)
+        return response
+
+    def cancel(self) -> bool:
+        return self._call.cancel()
+
+
+async def test_a_slow_probe_answer_has_the_whole_patience(
+    lone: Lone, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An answer to a progress request keeps the stream if it comes within the 2 s of
+    patience counted from that request, however soon the answer before it came (one did
+    not: a request sent 2 s after a prompt answer had 1 s). Decided by order: each late
+    answer comes 1.3 s after its request, 0.7 s before its patience ends; the code that
+    gave 1 s gave the stream up at the first."""
+    caplog.set_level(logging.INFO, logger="etcd_leases.etcd.watch.stream")
+    client, stream = lone.client, lone.stream
+    calls: list[SlowProgressAnswers] = []
+    open_call = client.watch_stream
+
+    def slow_call(metadata: Metadata, index: int | None = None) -> SlowProgressAnswers:
+        calls.append(SlowProgressAnswers(open_call(metadata, index)))
+        return calls[-1]
+
+    monkeypatch.setattr(client, "watch_stream", slow_call)
+    key = new_key()
+    watcher = stream.watch(key, await current_revision(client) + 1)
+    await registered(watcher)
+    # Three answers: a prompt one, then two late ones; or a second stream.
+    await eventually(lambda: len(calls) > 1 or calls[0].progress_answers >= 3, within=20)
+    assert [r.getMessage() for r in caplog.records if "broke" in r.getMessage()] == []
+    assert len(calls) == 1
+    revision = await write(client, key, b"after the slow answers")
+    assert summary(await next_batch(watcher)) == [(PUT, b"after the slow answers", revision)]
 
 
 async def test_a_quiet_watcher_follows_the_store_and_survives_a_compaction(

@@ -64,7 +64,7 @@ _HEALTHY_S = 2.0  # a stream that lived this long restarts the backoff when it b
 # key may then change unseen: while watchers are active, ask for progress when the
 # stream has been quiet this long, and give the stream up if nothing answers in time.
 _PROBE_AFTER_S = 1.0
-_PROBE_PATIENCE_S = 2.0
+_PROBE_PATIENCE_S = 2.0  # counted from the request
 
 
 class _StreamBroken(Exception):
@@ -88,6 +88,7 @@ class WatchStream:
         self._closed = False
         self._create_deadline = 0.0  # when the create in flight counts as unanswered
         self._heard_at = 0.0  # loop time of the last answer on the current stream
+        self._probed_at = 0.0  # loop time of the last progress request sent
         self._endpoint = 0  # the client's endpoint the current stream is on
         self._refusals = Refusals(client)
 
@@ -327,13 +328,16 @@ class WatchStream:
         Any answer proves the stream alive; a progress request draws one (etcd 3.4+,
         with watch_id -1, which matches no watcher and moves no resume point).
         """
-        loop = asyncio.get_running_loop()
-        quiet_for = loop.time() - self._heard_at
-        if quiet_for >= _PROBE_AFTER_S + _PROBE_PATIENCE_S:
-            raise _StreamBroken("etcd stopped answering the watch stream")
-        if quiet_for >= _PROBE_AFTER_S:
+        now = asyncio.get_running_loop().time()
+        if self._probed_at > self._heard_at:  # a probe is out, unanswered
+            wake_at = self._probed_at + _PROBE_PATIENCE_S
+            if now >= wake_at:
+                raise _StreamBroken("etcd stopped answering the watch stream")
+        elif now - self._heard_at >= _PROBE_AFTER_S:
+            # Its patience counts from here, however soon the last answer came.
+            self._probed_at = now
             await call.write(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
-            wake_at = self._heard_at + _PROBE_AFTER_S + _PROBE_PATIENCE_S
+            wake_at = now + _PROBE_PATIENCE_S
         else:
             wake_at = self._heard_at + _PROBE_AFTER_S
         with contextlib.suppress(TimeoutError):
