@@ -464,6 +464,11 @@ def test_quota_alarm_raised_defragmented_and_disarmed(etcd_binary: str) -> None:
                 assert "database space exceeded" in exc.stderr
                 break
         assert cluster.alarms() == [f"{member.member_id():x}:NOSPACE"]
+        # Started again under the alarm, the member is up: it serves, and the alarm
+        # waits for an operator, not for time.
+        member.restart(timeout=10)
+        assert not member.is_healthy() and member.is_healthy(despite_nospace=True)
+        assert _get(cluster, "filler/0") == value
 
         cluster.etcdctl("del", "--prefix", "filler/")
         cluster.compact()

@@ -204,7 +204,7 @@ class EtcdMember:
         self._paused = False
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until ``GET /health`` answers ``"health": "true"``.
+        """Wait until ``GET /health`` answers ``"health": "true"`` (a NOSPACE alarm aside).
 
         Also usable after :meth:`resume`, or after :meth:`restart` of one
         member of a bigger cluster.
@@ -268,13 +268,14 @@ class EtcdMember:
         revoked because it judged them expired (as leader, or thinking it still is)."""
         return int(self.metric("etcd_debugging_server_lease_expired_total", timeout))
 
-    def is_healthy(self, timeout: float = 1.0) -> bool:
+    def is_healthy(self, timeout: float = 1.0, *, despite_nospace: bool = False) -> bool:
         """Whether ``GET /health`` answers ``"health": "true"`` within ``timeout`` seconds.
 
         etcd reports healthy once the member knows a leader and can serve a
-        linearizable read.
+        linearizable read, and no alarm is raised; ``despite_nospace`` leaves a NOSPACE
+        alarm out (etcd's ``?exclude=NOSPACE``).
         """
-        answer = self._http("/health", timeout)
+        answer = self._http("/health?exclude=NOSPACE" if despite_nospace else "/health", timeout)
         return answer is not None and answer.get("health") == "true"
 
     def status(self, timeout: float = 1.0) -> dict[str, object] | None:
@@ -484,7 +485,9 @@ def _wait_ready(members: Sequence[EtcdMember], timeout: float) -> None:
         for member in list(pending):
             member._check_alive()
             remaining = deadline - time.monotonic()
-            if member.is_healthy(timeout=min(1.0, max(remaining, 0.1))):
+            # A NOSPACE alarm waits for an operator, not for time, and a member under
+            # it serves (reads, deletes, keep-alives): it is up.
+            if member.is_healthy(min(1.0, max(remaining, 0.1)), despite_nospace=True):
                 pending.remove(member)
         if not pending:
             return
