@@ -523,13 +523,20 @@ async def test_a_quiet_stream_on_a_live_member_is_kept(
 
 class SlowProgressAnswers:
     """A watch call whose answers to progress requests, after the first, reach the stream
-    ``delay`` seconds late, as over a slow link."""
+    1.3 s late, as over a slow link. It notes how long the stream had heard nothing when
+    it asked for each, and ``holding`` is set while a late answer is held back."""
 
     def __init__(self, call: grpc.aio.StreamStreamCall[pb.WatchRequest, pb.WatchResponse]) -> None:
         self._call = call
+        self._heard_at = asyncio.get_running_loop().time()
         self.progress_answers = 0
+        self.quiet_before_requests: list[float] = []
+        self.holding = asyncio.Event()
 
     async def write(self, request: pb.WatchRequest) -> None:
+        if request.HasField("progress_request"):
+            now = asyncio.get_running_loop().time()
+            self.quiet_before_requests.append(now - self._heard_at)
         await self._call.write(request)
 
     async def read(self) -> object:
@@ -537,7 +544,10 @@ class SlowProgressAnswers:
         if isinstance(response, pb.WatchResponse) and response.watch_id == -1:
             self.progress_answers += 1
             if self.progress_answers > 1:
+                self.holding.set()
                 await asyncio.sleep(1.3)
+                self.holding.clear()
+        self._heard_at = asyncio.get_running_loop().time()
         return response
 
     def cancel(self) -> bool:
@@ -549,9 +559,10 @@ async def test_a_slow_probe_answer_has_the_whole_patience(
 ) -> None:
     """An answer to a progress request keeps the stream if it comes within the 2 s of
     patience counted from that request, however soon the answer before it came (one did
-    not: a request sent 2 s after a prompt answer had 1 s). Decided by order: each late
-    answer comes 1.3 s after its request, 0.7 s before its patience ends; the code that
-    gave 1 s gave the stream up at the first."""
+    not: a request sent 2 s after a prompt answer had 1 s), and whatever the stream sends
+    meanwhile (here a cancel). Decided by order: each late answer comes 1.3 s after its
+    request, 0.7 s before its patience ends; the code that gave 1 s gave the stream up at
+    the first. And the stream asks only after a second of quiet."""
     caplog.set_level(logging.INFO, logger="etcd_leases.etcd.watch.stream")
     client, stream = lone.client, lone.stream
     calls: list[SlowProgressAnswers] = []
@@ -563,12 +574,17 @@ async def test_a_slow_probe_answer_has_the_whole_patience(
 
     monkeypatch.setattr(client, "watch_stream", slow_call)
     key = new_key()
-    watcher = stream.watch(key, await current_revision(client) + 1)
-    await registered(watcher)
+    start = await current_revision(client) + 1
+    watcher, dropped = stream.watch(key, start), stream.watch(new_key(), start)
+    await registered(watcher, dropped)
+    async with asyncio.timeout(10):
+        await calls[0].holding.wait()
+    dropped.cancel()  # the sender writes while its request is unanswered
     # Three answers: a prompt one, then two late ones; or a second stream.
     await eventually(lambda: len(calls) > 1 or calls[0].progress_answers >= 3, within=20)
     assert [r.getMessage() for r in caplog.records if "broke" in r.getMessage()] == []
     assert len(calls) == 1
+    assert min(calls[0].quiet_before_requests) >= 1.0
     revision = await write(client, key, b"after the slow answers")
     assert summary(await next_batch(watcher)) == [(PUT, b"after the slow answers", revision)]
 
