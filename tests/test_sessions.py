@@ -652,3 +652,55 @@ async def test_a_tenure_given_up_is_not_deleted_under_a_hold_taking_it(
             assert not lease.lost.is_set(), lease.lost_reason
         finally:
             await holding.__aexit__(None, None, None)
+
+
+class HeldKeepAliveAnswers:
+    """A keep-alive call whose answers wait while ``flowing`` is clear, as a member's do
+    when it stops answering keep-alives with its connection up."""
+
+    def __init__(
+        self,
+        call: grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse],
+        flowing: asyncio.Event,
+    ) -> None:
+        self._call = call
+        self._flowing = flowing
+
+    async def write(self, request: pb.LeaseKeepAliveRequest) -> None:
+        await self._call.write(request)
+
+    async def read(self) -> object:
+        response = await self._call.read()
+        await self._flowing.wait()
+        return response
+
+    def cancel(self) -> bool:
+        return self._call.cancel()
+
+
+async def test_a_take_whose_renewal_goes_unanswered_fails_in_the_client_timeout(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The put landed, and the session's renewal asked with it goes unanswered: the take
+    fails in the client's timeout, in words saying so, and deletes the key it put. It
+    does not wait for the answer: none is let through until it failed."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix(), timeout=2.0) as p:
+        flowing = asyncio.Event()
+        flowing.set()
+        open_call = p.client.keep_alive_stream
+        monkeypatch.setattr(
+            p.client,
+            "keep_alive_stream",
+            lambda *args: HeldKeepAliveAnswers(open_call(*args), flowing),
+        )
+        async with p.hold("warm", "me", 10_000):  # the session, renewed (TTL 10 s)
+            pass
+        flowing.clear()
+        try:
+            async with asyncio.timeout(20):  # bounds a take that waits for the answer
+                with pytest.raises(BackendUnavailable, match=r"was not answered in 2\.0 s"):
+                    await p.hold("k", "me", 10_000).__aenter__()
+        finally:
+            flowing.set()
+        await settled(p)
+        assert await p.client.range(p.etcd_key("k")) is None
