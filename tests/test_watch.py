@@ -523,20 +523,20 @@ async def test_a_quiet_stream_on_a_live_member_is_kept(
 
 class SlowProgressAnswers:
     """A watch call whose answers to progress requests, after the first, reach the stream
-    1.3 s late, as over a slow link. It notes how long the stream had heard nothing when
-    it asked for each, and ``holding`` is set while a late answer is held back."""
+    1.3 s after their request, as over a slow link. It notes how long the stream had
+    heard nothing when it asked for each; ``holding`` is set while it holds one back."""
 
     def __init__(self, call: grpc.aio.StreamStreamCall[pb.WatchRequest, pb.WatchResponse]) -> None:
         self._call = call
-        self._heard_at = asyncio.get_running_loop().time()
+        self._heard_at = self._asked_at = asyncio.get_running_loop().time()
         self.progress_answers = 0
         self.quiet_before_requests: list[float] = []
         self.holding = asyncio.Event()
 
     async def write(self, request: pb.WatchRequest) -> None:
         if request.HasField("progress_request"):
-            now = asyncio.get_running_loop().time()
-            self.quiet_before_requests.append(now - self._heard_at)
+            self._asked_at = asyncio.get_running_loop().time()
+            self.quiet_before_requests.append(self._asked_at - self._heard_at)
         await self._call.write(request)
 
     async def read(self) -> object:
@@ -545,7 +545,9 @@ class SlowProgressAnswers:
             self.progress_answers += 1
             if self.progress_answers > 1:
                 self.holding.set()
-                await asyncio.sleep(1.3)
+                # From the request, not from the answer: how fast etcd answered does
+                # not move the moment the stream hears it.
+                await asyncio.sleep(self._asked_at + 1.3 - asyncio.get_running_loop().time())
                 self.holding.clear()
         self._heard_at = asyncio.get_running_loop().time()
         return response
