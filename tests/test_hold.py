@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -11,6 +12,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 import pytest
 
 from etcd_leases import (
+    BackendUnavailable,
+    EtcdLeaseProvider,
     InMemoryLeaseProvider,
     LeaseHeld,
     LeaseLost,
@@ -22,7 +25,7 @@ from etcd_leases import (
 )
 from etcd_leases.contract import Keeper, OwnerState
 from etcd_leases.hold import _give_backs
-from tests.conftest import FakeClock, Live
+from tests.conftest import FakeClock, Live, eventually
 
 
 async def wait_for(event: asyncio.Event, seconds: float) -> float:
@@ -259,6 +262,61 @@ async def test_a_release_that_did_not_apply_leaves_later_losses_logged(
         await asyncio.sleep(0.05)  # the loss logger runs
     records = [r for r in caplog.records if r.name == "etcd_leases.hold"]
     assert [r.levelno for r in records] == [logging.WARNING], [r.getMessage() for r in records]
+
+
+async def test_a_loss_the_holder_did_not_cause_is_logged_as_a_warning(
+    live: Live, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="etcd_leases")
+
+    def records() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name == "etcd_leases.hold"]
+
+    async with live.provider.hold("taken", "alice", 5000) as lease:
+        assert await live.another().transfer_lease("taken", "alice", "bob", 5000)
+        await wait_for(lease.lost, 5)
+        await eventually(lambda: bool(records()), "the loss logged")
+    assert [r.levelno for r in records()] == [logging.WARNING]
+    assert f"'alice' lost 'taken' (token {lease.token}): " in records()[0].getMessage()
+
+
+class TransferUnanswered(InMemoryLeaseProvider):
+    """The reference model, with its transfers failing as an unreachable etcd's do."""
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        raise BackendUnavailable("etcd: no answer (test)")
+
+
+async def test_a_loss_after_a_transfer_that_raised_is_logged_as_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A transfer that raised handed nothing on: a later loss is a loss."""
+    caplog.set_level(logging.INFO, logger="etcd_leases")
+
+    def records() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name == "etcd_leases.hold"]
+
+    provider = TransferUnanswered()
+    async with provider.hold("baton", "alice", 5000) as lease:
+        with pytest.raises(BackendUnavailable):
+            await lease.transfer("bob")
+        assert await InMemoryLeaseProvider.transfer_lease(provider, "baton", "alice", "carol", 5000)
+        await wait_for(lease.lost, 5)
+        await eventually(lambda: bool(records()), "the loss logged")
+    assert [r.levelno for r in records()] == [logging.WARNING]
+
+
+async def test_a_key_held_on_etcd_costs_no_task_of_its_own(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """100,000 held keys must not mean 100,000 tasks: etcd's keeper calls the holder
+    back on a loss (a task per key is a third of what such a process allocates)."""
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(etcd_provider.hold("warm", "me", 5000))
+        before = len(asyncio.all_tasks())  # the session's and the watch's are running
+        for i in range(50):
+            await stack.enter_async_context(etcd_provider.hold(f"k{i}", "me", 5000))
+        assert len(asyncio.all_tasks()) - before < 25
 
 
 class SlowToKeep(InMemoryLeaseProvider):
