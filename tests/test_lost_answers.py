@@ -310,3 +310,65 @@ async def test_a_hold_whose_put_landed_unanswered_leaves_no_key(
     await settled(p)
     assert landed is None or landed.value == b"me"
     assert await p.get_lease_owner("k") is None
+
+
+async def test_a_move_whose_every_answer_was_lost_is_settled_by_another_copy(
+    etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers
+) -> None:
+    """Every copy of a transfer lost its answer (the first landed): the transfer fails as
+    unknown, and a copy sent in the background learns it landed. The old tenure's lease
+    goes back to the pool; the new one, whose put had an answer lost, is never reused:
+    revoked once its key is gone."""
+    p = etcd_provider
+    await p.acquire_lease("k", "alice", 5000)
+    old = await lease_of(p, "k")
+    lose_answers(3)  # every copy the transfer sends
+    with pytest.raises(BackendUnavailable):
+        await p.transfer_lease("k", "alice", "bob", 5000)
+    assert lose_answers.lost == 3
+    await settled(p)
+    new = await lease_of(p, "k")
+    assert new != old and await p.get_lease_owner("k") == "bob"
+    assert p._pool.free_lease_ids() == {old}
+    await p.release_lease("k", "bob")
+    await settled(p)
+    assert (await p.client.time_to_live(new)).TTL == -1
+    assert p._pool.free_lease_ids() == {old}
+
+
+async def test_a_move_whose_every_copy_was_lost_is_settled_as_not_landed(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every copy of a transfer lost on its way (none reached etcd), and the key written
+    by hand before the copy sent in the background: that copy finds the key not on the
+    transfer's lease: that lease (its puts' answers lost) is revoked, and the lease of
+    the tenure the transfer meant to end is never taken for free (renewed by no one, it
+    expires)."""
+    p = etcd_provider
+    client = p.client
+    await p.acquire_lease("k", "alice", 5000)
+    leases_before = set(await client.leases())
+    original = client._attempt
+    to_lose = 3
+
+    async def attempt(
+        index: int, path: str, request: Message, response_type: type[Message], deadline_s: float
+    ) -> Message:
+        nonlocal to_lose
+        if path.endswith("/Txn") and to_lose > 0:
+            to_lose -= 1
+            if to_lose == 0:  # before the background copy: the key written by hand
+                put_by_hand = pb.TxnRequest(success=[put(p.etcd_key("k"), b"carol", 0)])
+                await original(index, path, put_by_hand, response_type, deadline_s)
+            raise lost_answer()
+        return await original(index, path, request, response_type, deadline_s)
+
+    monkeypatch.setattr(client, "_attempt", attempt)
+    with pytest.raises(BackendUnavailable):
+        await p.transfer_lease("k", "alice", "bob", 5000)
+    assert to_lose == 0
+    await settled(p)
+    kv = await p.client.range(p.etcd_key("k"))
+    assert kv is not None and kv.value == b"carol" and kv.lease == 0
+    assert p._pool.free_lease_ids() == set()
+    assert set(await client.leases()) <= leases_before  # the transfer's lease revoked

@@ -1,0 +1,144 @@
+"""A key taken on a lease that aged in the pool: the renewal asked alongside its put.
+
+A free lease is renewed by the pool's sweep only once it has aged a third of its TTL,
+so the lease a take finds may have less than its TTL left on etcd. The take renews it
+alongside the put (one keep-alive, not a write), and promises its TTL only if etcd
+answered that renewal: etcd's lease never ends before the tenure promised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from etcd_leases import BackendUnavailable, EtcdLeaseProvider
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
+from etcd_leases.testing import EtcdCluster
+from tests.conftest import settled, unique_prefix
+
+TTL_MS = 60_000  # the sweep renews a free lease of 60 s only after it aged 20 s
+
+
+class KeepAliveRequests:
+    """The leases a provider's keep-alive requests renew, in order; those renewing
+    ``held`` wait until ``let_through`` is set (as over a slow link)."""
+
+    def __init__(self, provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sent: list[int] = []
+        self.held: int | None = None
+        self.let_through = asyncio.Event()
+        open_call = provider.client.keep_alive_stream
+        monkeypatch.setattr(
+            provider.client, "keep_alive_stream", lambda *args: NotedCall(open_call(*args), self)
+        )
+
+
+class NotedCall:
+    """A keep-alive call whose requests ``requests`` notes (and may hold back)."""
+
+    def __init__(
+        self,
+        call: grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse],
+        requests: KeepAliveRequests,
+    ) -> None:
+        self._call = call
+        self._requests = requests
+
+    async def write(self, request: pb.LeaseKeepAliveRequest) -> None:
+        self._requests.sent.append(request.ID)
+        if self._requests.held == request.ID:
+            await self._requests.let_through.wait()
+        await self._call.write(request)
+
+    async def read(self) -> object:
+        return await self._call.read()
+
+    def cancel(self) -> bool:
+        return self._call.cancel()
+
+
+async def aged_free_lease(provider: EtcdLeaseProvider) -> int:
+    """A lease of ``TTL_MS`` back in ``provider``'s pool, free (its key moved away)."""
+    await provider.acquire_lease("first", "alice", TTL_MS)
+    kv = await provider.client.range(provider.etcd_key("first"))
+    assert kv is not None
+    assert await provider.transfer_lease("first", "alice", "bob", TTL_MS)
+    assert provider._pool.free_lease_ids() == {kv.lease}
+    return kv.lease
+
+
+async def test_a_lease_aged_in_the_pool_is_renewed_once_alongside_the_put(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taken 3 s after it went back to the pool (no sweep renewed it in between), the
+    lease has a whole TTL left on etcd once the take returns, renewed by one keep-alive."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
+        requests = KeepAliveRequests(provider, monkeypatch)
+        requests.let_through.set()
+        lease = await aged_free_lease(provider)
+        sent_before = requests.sent.count(lease)
+        await asyncio.sleep(3)  # etcd's TTL of the free lease now at most 57 s
+        result = await provider.acquire_lease("second", "alice", TTL_MS)
+        assert result.acquired and result.ttl_ms == TTL_MS
+        kv = await provider.client.range(provider.etcd_key("second"))
+        assert kv is not None and kv.lease == lease  # the aged one, not a new grant
+        # Whole seconds, rounded down: 59 when read at once, 58 with a second's delay.
+        assert (await provider.client.time_to_live(lease)).TTL >= 58
+        assert requests.sent.count(lease) == sent_before + 1
+        await settled(provider)
+
+
+async def test_a_put_whose_lease_is_answered_gone_is_not_reported_acquired(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The put on an aged pooled lease landed, then the lease ended (revoked here, as
+    etcd's expiry after a stall would) before its renewal reached etcd: the tenure the
+    put began has ended, so the take fails as unknown, never "acquired"."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
+        requests = KeepAliveRequests(provider, monkeypatch)
+        lease = await aged_free_lease(provider)
+        requests.held = lease
+        put_answered = asyncio.Event()
+        original = provider.client.txn
+
+        async def txn(request: pb.TxnRequest) -> pb.TxnResponse:
+            response = await original(request)
+            put_answered.set()
+            return response
+
+        monkeypatch.setattr(provider.client, "txn", txn)
+        take = asyncio.create_task(provider.acquire_lease("second", "alice", TTL_MS))
+        async with asyncio.timeout(10):
+            await put_answered.wait()
+        key = provider.etcd_key("second")
+        kv = await provider.client.range(key)
+        assert kv is not None and kv.lease == lease  # the put under the aged lease landed
+        assert not take.done()  # it waits for the renewal held back
+        assert await provider.client.revoke(lease)
+        requests.let_through.set()
+        with pytest.raises(BackendUnavailable, match="ran out before its renewal was answered"):
+            await take
+        assert await provider.client.range(key) is None
+        assert lease not in provider._pool.free_lease_ids()
+        assert (await provider.acquire_lease("second", "bob", TTL_MS)).acquired
+        await settled(provider)
+
+
+async def test_a_lease_renewed_past_its_first_ttl_goes_back_to_the_pool(
+    etcd: EtcdCluster,
+) -> None:
+    """Renewed by its owner for longer than its TTL, then moved away from its key: the
+    lease is known alive from its last renewal, not its grant, so the pool takes it
+    back for the next take (a lease known to be gone would be dropped)."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
+        await provider.acquire_lease("k", "alice", 2000)
+        kv = await provider.client.range(provider.etcd_key("k"))
+        assert kv is not None
+        for _ in range(6):  # 3 s of renewals every 0.5 s: the grant's 2 s are long past
+            await asyncio.sleep(0.5)
+            assert await provider.renew_lease("k", "alice", 2000)
+        assert await provider.transfer_lease("k", "alice", "bob", 2000)
+        assert provider._pool.free_lease_ids() == {kv.lease}
+        await settled(provider)
