@@ -33,6 +33,32 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, _interrupt)
 
 
+# Tests that freeze, kill or partition etcd members, start CPU hogs or many worker
+# processes. Under pytest-xdist (the README's command) they run one after another on
+# one worker, beside the lighter tests on the other: two of them side by side would be
+# a load the host's 2 cores were never meant to carry; one beside light tests is the
+# shared machine CI is.
+_FAULT_MODULES = {
+    "tests.chaos.test_chaos",
+    "tests.chaos.test_operations",
+    "tests.test_failover",
+    "tests.test_keepalive",
+    "tests.test_linearizability_faults",
+    "tests.test_linearizability_inbox",
+    "tests.test_processes",
+    "tests.test_stalled_leader",
+    "tests.test_threads_processes",
+    "tests.test_watch",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__ if isinstance(item, pytest.Function) else ""
+        if module in _FAULT_MODULES or "hogs" in item.name:
+            item.add_marker(pytest.mark.xdist_group("faults"))
+
+
 def _interrupt(signum: int, frame: object) -> None:
     """SIGTERM (as CI stops a run) as Ctrl-C: the running test's ``finally`` blocks and
     the fixtures' teardowns still run, so worker processes, frozen ones too, network

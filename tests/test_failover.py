@@ -349,9 +349,10 @@ async def test_a_member_failure_reads_the_member_list_at_once(
     async with EtcdLeaseProvider(
         etcd_cluster.endpoints, timeout=3.0, member_sync_interval=3600
     ) as provider:
-        await provider.get_lease_owner("k")  # answered by the first member: preferred
-        first = etcd_cluster.members[0]
-        await asyncio.to_thread(etcd_cluster.replace_member, first)
+        await provider.get_lease_owner("k")
+        # The member the calls start on (the first, unless it was slow to answer).
+        preferred = etcd_cluster.members[provider.client.members.preferred()]
+        await asyncio.to_thread(etcd_cluster.replace_member, preferred)
         added = set(etcd_cluster.endpoints) - set(provider.client.endpoints)
         assert len(added) == 1
         assert await provider.get_lease_owner("k") is None  # fails over, and reads the list

@@ -68,10 +68,10 @@ NOT_RUN = {
         "installs into a new virtualenv (a download, minutes); the demo it ends with runs "
         "in test_cli_demo"
     ),
-    ".venv/bin/pip install -q -e '.[dev]' && .venv/bin/python -m pytest": "this test suite",
+    ".venv/bin/pip install -q -e '.[dev]' && .venv/bin/python -m pytest -n 2": "this test suite",
     "pip install .  ": "package installs",
     "python3 -m venv .venv && . .venv/bin/activate": "a package install",
-    "python -m pytest\n": "this test suite",
+    "python -m pytest -n 2\n": "this test suite",
     DOCTOR_OUTPUT: "the output of `etcd-leases doctor`, checked in test_command_line",
     "$ etcdctl elect --listen reports": (
         "etcdctl's output, with lease IDs that change each run; the interop it shows is "

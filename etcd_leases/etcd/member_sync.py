@@ -1,7 +1,9 @@
 """Following the members: etcd's member list says where they are now.
 
 As the Go client's auto-sync: every ``interval`` seconds, and soon after a member
-fails a call or stream (at most every few seconds), the member list is read and the
+fails a call or stream (at most every few seconds: a failure within that time is read
+for at its end, never dropped, since the call that failed moved on to a member that
+answers, and may never fail again to ask), the member list is read and the
 voting members that no endpoint names yet are added. So a member replaced by one on a
 new address is found, even once no endpoint we were given names a live member.
 Endpoints are added only, never dropped: one given may be a proxy or a DNS name.
@@ -40,6 +42,7 @@ class MemberSync:
         self._list_members = list_members
         self._interval = interval
         self._after_failure_at = -math.inf
+        self._deferred: asyncio.TimerHandle | None = None  # the read a failure asked for
         self._syncs = BackgroundTasks()
         self._periodic: asyncio.Task[None] | None = None
 
@@ -62,14 +65,24 @@ class MemberSync:
 
     def member_failed(self) -> None:
         """A member failed a call or stream: it may have been replaced. Look soon."""
-        now = time.monotonic()
-        if self._interval is None or self._members.closed:
+        if self._interval is None or self._members.closed or self._deferred is not None:
             return
-        if now - self._after_failure_at >= _AFTER_FAILURE_EVERY_S:
-            self._after_failure_at = now
+        wait = self._after_failure_at + _AFTER_FAILURE_EVERY_S - time.monotonic()
+        if wait <= 0:
+            self._sync_after_failure()
+        else:
+            self._deferred = asyncio.get_running_loop().call_later(wait, self._sync_after_failure)
+
+    def _sync_after_failure(self) -> None:
+        self._deferred = None
+        if not self._members.closed:
+            self._after_failure_at = time.monotonic()
             self._syncs.start(self._quietly())
 
     async def close(self, timeout: float) -> None:
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
         if self._periodic is not None:
             self._periodic.cancel()
             await asyncio.wait([self._periodic])
