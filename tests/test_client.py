@@ -176,3 +176,51 @@ async def test_a_ca_file_alone_means_tls_to_plain_endpoints(etcd_binary: str) ->
             assert await client.revoke(lease_id) is True
         finally:
             await client.close()
+
+
+async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
+    """Copy ``reader`` to ``writer``; the first bytes ``delay`` seconds late."""
+    try:
+        while chunk := await reader.read(65536):
+            await asyncio.sleep(delay)
+            delay = 0.0
+            writer.write(chunk)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+
+
+async def test_a_member_slow_to_set_up_a_connection_answers_the_first_call(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd's first bytes on each connection come 0.5 s late (a loaded host, a distant
+    one, TLS over a long link): the first call is answered on its first attempt. gRPC
+    gave a connection attempt 0.1 s (``grpc.min_reconnect_backoff_ms``, its minimum
+    connect timeout), so each new connection failed its first calls, as "connection
+    attempt timed out before receiving SETTINGS frame"."""
+    host, port = etcd.endpoints[0].rsplit(":", 1)
+
+    async def slow_link(to_client: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
+        from_server, server = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(_relay(to_client, server, 0.0), _relay(from_server, client, 0.5))
+
+    proxy = await asyncio.start_server(slow_link, "127.0.0.1", 0)
+    client = EtcdClient(
+        [f"127.0.0.1:{proxy.sockets[0].getsockname()[1]}"], timeout=5, member_sync_interval=None
+    )
+    paths: list[str] = []
+    attempt = client._attempt
+
+    async def noted(index: int, path: str, *args: Any) -> Any:
+        paths.append(path)
+        return await attempt(index, path, *args)
+
+    monkeypatch.setattr(client, "_attempt", noted)
+    try:
+        assert await client.range(KEY) is None
+        assert paths.count("/etcdserverpb.KV/Range") == 1, paths
+    finally:
+        await client.close()
+        proxy.close()

@@ -31,8 +31,12 @@ _CHANNEL_OPTIONS = [
     # A restarted member must be reachable again within a second, not after
     # gRPC's default backoff of up to two minutes.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    # Not a backoff: the time one connection attempt is given (gRPC's minimum connect
+    # timeout, 20 s by default). At 0.1 s, a connection set up slowly (a loaded host,
+    # a distant one, TLS) failed its first calls; 2 s bounds how long a member cut off
+    # by the network keeps a new attempt waiting once it is reachable again.
+    ("grpc.min_reconnect_backoff_ms", 2000),
     # Detect a frozen member under a long-lived stream...
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
