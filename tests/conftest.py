@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import signal
@@ -55,8 +56,42 @@ _FAULT_MODULES = {
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         module = item.module.__name__ if isinstance(item, pytest.Function) else ""
-        if module in _FAULT_MODULES or "hogs" in item.name:
+        if module in _FAULT_MODULES or _loads_the_host(item):
             item.add_marker(pytest.mark.xdist_group("faults"))
+
+
+def _loads_the_host(item: pytest.Item) -> bool:
+    """Whether the test starts CPU hogs: the load it means is theirs, on an idle host."""
+    return "hogs" in item.name
+
+
+@pytest.fixture(autouse=True)
+def alone_if_it_loads_the_host(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Under pytest-xdist, a test that starts CPU hogs runs with no test on the other
+    worker: two hogs beside another test's etcd members and processes starve what the
+    test measures (5,000 leases lost, all at once) more than any host it speaks for.
+
+    A readers-writer lock between the workers (``flock``): every test holds it shared,
+    a hog test exclusive; the turnstile stops new tests from starting while a hog test
+    waits for the running one to end.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # the run's, above each worker's
+    alone = _loads_the_host(request.node)
+    with open(shared / "turnstile.lock", "a") as turnstile, open(shared / "run.lock", "a") as run:
+        fcntl.flock(turnstile, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(run, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 def _interrupt(signum: int, frame: object) -> None:
