@@ -142,3 +142,24 @@ async def test_a_lease_renewed_past_its_first_ttl_goes_back_to_the_pool(
         assert await provider.transfer_lease("k", "alice", "bob", 2000)
         assert provider._pool.free_lease_ids() == {kv.lease}
         await settled(provider)
+
+
+async def test_a_take_whose_renewal_goes_unanswered_fails_in_the_client_timeout(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The renewal asked alongside the put never reaches etcd: the take fails in the
+    client's timeout, in words saying so, and the lease (which may carry the put) is
+    revoked, its key with it. It does not wait for an answer that never comes."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix(), timeout=2.0) as provider:
+        requests = KeepAliveRequests(provider, monkeypatch)
+        lease = await aged_free_lease(provider)
+        requests.held = lease
+        try:
+            async with asyncio.timeout(20):  # bounds a take that waits for the answer
+                with pytest.raises(BackendUnavailable, match=r"was not answered in 2\.0 s"):
+                    await provider.acquire_lease("second", "alice", TTL_MS)
+        finally:
+            requests.let_through.set()
+        await settled(provider)
+        assert await provider.client.range(provider.etcd_key("second")) is None
+        assert (await provider.client.time_to_live(lease)).TTL == -1
