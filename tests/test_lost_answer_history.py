@@ -78,6 +78,7 @@ async def test_an_acquire_whose_first_copy_landed_says_it_acquired(
     assert lose.landed is not None
     assert (result.acquired, result.owner) == (True, "o2")
     assert result.token == lose.landed.mod_revision  # the tenure the first copy began
+    assert result.ttl_ms == 5000  # ...and the TTL its lease was granted
     assert await p.get_lease_owner("k") == "o0"
     await revoked(p, lose.landed.lease)  # the key left it: not leaked
 

@@ -372,3 +372,20 @@ async def test_a_move_whose_every_copy_was_lost_is_settled_as_not_landed(
     assert kv is not None and kv.value == b"carol" and kv.lease == 0
     assert p._pool.free_lease_ids() == set()
     assert set(await client.leases()) <= leases_before  # the transfer's lease revoked
+
+
+async def test_a_lease_whose_put_lost_an_answer_is_never_reused(
+    etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers
+) -> None:
+    """The create's first answer was lost and a copy answered: the lease is never taken
+    again (a copy of its put might yet land), so its release revokes it."""
+    p = etcd_provider
+    await past_one_shot(p)  # a process that keeps freed leases for its next takes
+    lose_answers(1)
+    assert (await p.acquire_lease("k", "alice", 5000)).acquired
+    assert lose_answers.lost == 1
+    lease = await lease_of(p, "k")
+    await p.release_lease("k", "alice")
+    await settled(p)
+    assert lease not in p._pool.free_lease_ids()
+    assert (await p.client.time_to_live(lease)).TTL == -1
