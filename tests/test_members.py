@@ -15,7 +15,7 @@ import types
 import grpc
 import pytest
 
-from etcd_leases.errors import LeaseValueError, ProviderClosed
+from etcd_leases.errors import BackendUnavailable, LeaseValueError, ProviderClosed
 from etcd_leases.etcd import member_sync as member_sync_module
 from etcd_leases.etcd import members as members_module
 from etcd_leases.etcd.member_sync import MemberSync
@@ -261,6 +261,51 @@ async def test_a_member_failure_reads_the_list_at_most_every_five_seconds(
     members.failed(1)
     await sync.close(1.0)
     assert lists.reads == 3
+
+
+async def test_a_member_list_read_that_fails_is_quiet_and_made_again_later(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd unreachable for the read a member failure asked for: nothing is raised or
+    logged as a failure (the background check of this suite would fail the test), and
+    the next failure 5 s later reads again."""
+    monkeypatch.setattr(
+        member_sync_module, "time", types.SimpleNamespace(monotonic=clock.monotonic)
+    )
+    reads = 0
+
+    async def unreachable() -> pb.MemberListResponse:
+        nonlocal reads
+        reads += 1
+        raise BackendUnavailable("etcd: no member answered (test)")
+
+    members = cluster(2)
+    sync = MemberSync(members, unreachable, 3600.0)
+    sync.member_failed()
+    await sync.close(1.0)
+    clock.now += 5
+    sync.member_failed()
+    await sync.close(1.0)
+    assert reads == 2
+    await members.close()
+
+
+async def test_closing_does_not_wait_past_its_timeout_for_a_read_that_hangs() -> None:
+    """A member-list read etcd never answers (a frozen member): closing waits for it
+    only its timeout, then ends it."""
+    hanging = asyncio.Event()
+
+    async def never_answered() -> pb.MemberListResponse:
+        await hanging.wait()
+        raise AssertionError("unreachable")
+
+    members = cluster(2)
+    sync = MemberSync(members, never_answered, 3600.0)
+    sync.member_failed()
+    await asyncio.sleep(0)
+    async with asyncio.timeout(5):  # bounds a close that waits for ever
+        await sync.close(0.1)
+    await members.close()
 
 
 async def test_the_periodic_sync_runs_once_per_client_until_the_members_close() -> None:
