@@ -43,6 +43,7 @@ async def test_histories_under_faults_are_linearizable(
         print(f"\nlinearizability under faults: {run.summary()}")
         if partitions is None:
             print("!!! NO NETWORK PARTITIONS IN THIS RUN: they need root and 'ip' !!!")
+    print(f"faults:\n{run.fault_times()}")
     print(explain(run.result, origin=run.began))
     kinds = {fault.kind for fault in run.faults}
     assert len(run.faults) >= 4, "each kind of fault comes once in every 4"

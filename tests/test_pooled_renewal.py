@@ -28,6 +28,7 @@ class KeepAliveRequests:
     def __init__(self, provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch) -> None:
         self.sent: list[int] = []
         self.held: int | None = None
+        self.holding = asyncio.Event()  # a request renewing ``held`` waits
         self.let_through = asyncio.Event()
         open_call = provider.client.keep_alive_stream
         monkeypatch.setattr(
@@ -49,6 +50,7 @@ class NotedCall:
     async def write(self, request: pb.LeaseKeepAliveRequest) -> None:
         self._requests.sent.append(request.ID)
         if self._requests.held == request.ID:
+            self._requests.holding.set()
             await self._requests.let_through.wait()
         await self._call.write(request)
 
@@ -163,3 +165,40 @@ async def test_a_take_whose_renewal_goes_unanswered_fails_in_the_client_timeout(
         await settled(provider)
         assert await provider.client.range(provider.etcd_key("second")) is None
         assert (await provider.client.time_to_live(lease)).TTL == -1
+
+
+async def test_a_transfer_onto_a_lease_aged_in_the_pool_never_ends_the_tenure_it_moves(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transfer moves the key onto a lease that aged in the pool, which turns out
+    gone (revoked here, as etcd says of a lease after a stall or a leader change) when
+    its renewal arrives. A move ends the tenure it replaces, so it is sent only once
+    the new lease is known alive for the whole TTL: the transfer takes another lease
+    and lands. Sent alongside the renewal, it landed on the dying lease, the key went
+    with it, and the holder's tenure ended long before its TTL (CI, stop 33: a
+    re-acquire with another TTL, a move too, freed a key another owner then took)."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
+        await provider.acquire_lease("k", "carol", TTL_MS)
+        requests = KeepAliveRequests(provider, monkeypatch)
+        requests.let_through.set()
+        lease = await aged_free_lease(provider)
+        requests.held, requests.let_through = lease, asyncio.Event()
+        moves: list[asyncio.Task[pb.TxnResponse]] = []
+        original = provider.client.txn
+
+        async def txn(request: pb.TxnRequest) -> pb.TxnResponse:
+            moves.append(asyncio.create_task(original(request)))
+            return await moves[-1]
+
+        monkeypatch.setattr(provider.client, "txn", txn)
+        transfer = asyncio.create_task(provider.transfer_lease("k", "carol", "dave", TTL_MS))
+        async with asyncio.timeout(10):
+            await requests.holding.wait()
+            await asyncio.gather(*moves)  # a move sent beside the renewal has landed
+        assert await provider.client.revoke(lease)
+        requests.let_through.set()
+        async with asyncio.timeout(10):
+            assert await transfer
+        kv = await provider.client.range(provider.etcd_key("k"))
+        assert kv is not None and kv.value == b"dave" and kv.lease != lease
+        await settled(provider)

@@ -9,7 +9,7 @@ answers and, when the last copy failed, from the key's history.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from etcd_leases.errors import BackendError, BackendUnavailable, LeaseError, PermissionDenied
 from etcd_leases.etcd.copies import TxnCopies
@@ -74,9 +74,10 @@ class PooledTenures(TxnCopies):
         """Run ``txn``, which puts a key under ``grant``'s lease if its compares hold;
         ``None`` if etcd no longer had that lease: nothing happened, take another.
 
-        A pooled lease may have less than its TTL left: it is renewed alongside the
-        transaction (a keep-alive, not a write), so the TTL promised from ``started``
-        never outlasts etcd's. A lease of ours that did not end up on the key goes
+        A pooled lease may have less than its TTL left: a create renews it alongside
+        the transaction (a keep-alive, not a write), so the TTL promised from
+        ``started`` never outlasts etcd's (a move has renewed it before, see
+        :meth:`_alive_for_the_ttl`). A lease of ours that did not end up on the key goes
         back to the pool; one that ran out under the key before its renewal was
         answered is cleared up, and the outcome reported unknown. ``replaces`` is the
         key as a move read it (``None`` for a create): an interrupted create is
@@ -140,14 +141,33 @@ class PooledTenures(TxnCopies):
             # ended sooner than its TTL. Neither "acquired" nor "no" is true: unknown.
             self._pool.forget(grant.lease_id)
             await self._cas(Txn.when(mod_revision_is(kv.key, kv.mod_revision)).then(delete(kv.key)))
-            if replaces is not None:
-                self.lease_freed(replaces.lease)  # the moved tenure's, without its key
             raise BackendUnavailable(
                 "etcd: the lease under the put ran out before its renewal was answered "
                 "(etcd stalled): the tenure it began has ended; outcome unknown"
             )
         self._pool.carries(grant.lease_id, kv.key, kv.value)
         return Attached(kv, Tenure(kv.mod_revision, grant.ttl_s * 1000))
+
+    async def _alive_for_the_ttl(self, grant: Grant, started: float) -> Grant | None:
+        """``grant``, known alive on etcd for its TTL from ``started`` (renewed once if it
+        aged in the pool); ``None`` if etcd answered it gone.
+
+        A move ends the tenure it replaces as it lands, so its lease is renewed before
+        the move is sent, never beside it: a lease found gone after the put would end
+        both tenures long before their TTLs.
+        """
+        if grant.valid_until >= started + grant.ttl_s:
+            return grant
+        try:
+            sent_at, ttl_s = await self._renewals.renew_once(grant.lease_id, self._client.timeout)
+        except BaseException:
+            self._pool.put_back(grant)  # nothing was sent under it
+            raise
+        if ttl_s <= 0:
+            self._pool.forget(grant.lease_id)
+            return None
+        self._pool.renewed(grant.lease_id, sent_at + ttl_s)
+        return replace(grant, valid_until=sent_at + ttl_s)
 
     async def _settle_move(self, txn: Txn, grant: Grant, replaced: int) -> None:
         """Learn whether an interrupted move landed (a copy lands at most once)."""
@@ -198,7 +218,11 @@ class PooledTenures(TxnCopies):
         """Put ``value`` on the key under a lease of its own (``grant``, taken from the
         pool if not given) if ``kv`` still holds it."""
         while True:
-            grant = grant or await self._pool.take(self._ttl_s(ttl_ms))
+            grant = await self._alive_for_the_ttl(
+                grant or await self._pool.take(self._ttl_s(ttl_ms)), started
+            )
+            if grant is None:
+                continue  # etcd no longer has it: another
             moved = await self._attach(
                 Txn.when(mod_revision_is(etcd_key, kv.mod_revision))
                 .then(put(etcd_key, value, grant.lease_id), get(etcd_key))

@@ -56,6 +56,15 @@ class Run:
             f"keys so only with bug 15247's early expiries: {list(self.result.early)}"
         )
 
+    def fault_times(self) -> str:
+        """Each fault, the member (or worker pid) it struck, and its span (s from the
+        run's start): a violation is read beside them."""
+        return "\n".join(
+            f"  {fault.kind} {fault.member}: {fault.start - self.began:.3f} - "
+            f"{fault.heal - self.began:.3f}"
+            for fault in self.faults
+        )
+
 
 async def _start_children(
     cluster: EtcdCluster,
@@ -189,6 +198,7 @@ def main() -> int:
         print(f"run {number}: {run.summary()}", flush=True)
         if run.result.ok is not True:
             failed += 1
+            print(f"faults:\n{run.fault_times()}", flush=True)
             print(explain(run.result, origin=run.began), flush=True)
             if args.keep is not None:
                 args.keep.mkdir(parents=True, exist_ok=True)
