@@ -3,7 +3,8 @@
 A free lease is renewed by the pool's sweep only once it has aged a third of its TTL,
 so the lease a take finds may have less than its TTL left on etcd. The take renews it
 alongside the put (one keep-alive, not a write), and promises its TTL only if etcd
-answered that renewal: etcd's lease never ends before the tenure promised.
+answered that renewal: etcd's lease never ends before the tenure promised. A move
+(a transfer) renews it before the put: the tenure it replaces ends as it lands.
 """
 
 from __future__ import annotations
