@@ -389,3 +389,42 @@ async def test_a_lease_whose_put_lost_an_answer_is_never_reused(
     await settled(p)
     assert lease not in p._pool.free_lease_ids()
     assert (await p.client.time_to_live(lease)).TTL == -1
+
+
+async def test_a_create_copy_that_lands_again_after_a_release_keeps_its_key(
+    etcd_provider: EtcdLeaseProvider, lose_answers: LoseAnswers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create's first copy lands, its answer is lost, and another task of the process
+    releases that tenure (same owner) before the next copy: the key is free, so the
+    copy lands again and the acquire answers with the tenure it began. The release
+    must not revoke the put's lease while the put is unsettled: that revoke, landing
+    after the copy, deleted the key just acquired, with no call to explain it (the
+    revoke is held here until the acquire answered, as a slow member would)."""
+    p = etcd_provider
+    await past_one_shot(p)
+    put_leases: list[int] = []
+    acquire_answered = asyncio.Event()
+    original_revoke = p.client.revoke
+
+    async def revoke(lease_id: int) -> bool:
+        if lease_id in put_leases:
+            await acquire_answered.wait()
+        return await original_revoke(lease_id)
+
+    async def release_meanwhile(request: pb.TxnRequest) -> None:
+        put_leases.append(request.success[0].request_put.lease)
+        await p.release_lease("k", "alice")
+
+    monkeypatch.setattr(p.client, "revoke", revoke)
+    lose_answers(1, release_meanwhile)
+    result = await p.acquire_lease("k", "alice", 5000)
+    acquire_answered.set()
+    assert lose_answers.lost == 1 and put_leases
+    await settled(p)
+    kv = await p.client.range(p.etcd_key("k"))
+    assert kv is not None and kv.value == b"alice" and kv.lease == put_leases[0]
+    assert result.acquired and result.token == kv.mod_revision
+    assert kv.version == 1  # created again after the release, once
+    await p.release_lease("k", "alice")
+    await settled(p)
+    assert (await p.client.time_to_live(put_leases[0])).TTL == -1  # revoked with its key

@@ -203,3 +203,40 @@ async def test_a_transfer_onto_a_lease_aged_in_the_pool_never_ends_the_tenure_it
         kv = await provider.client.range(provider.etcd_key("k"))
         assert kv is not None and kv.value == b"dave" and kv.lease != lease
         await settled(provider)
+
+
+async def test_a_take_whose_tenure_a_release_ended_before_it_settled_answers_acquired(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The put on an aged lease landed; while its renewal is on its way, another task
+    of the process releases that tenure (same owner). Both calls happened: the acquire
+    answers acquired (its tenure since ended by the release), and the lease, which no
+    copy can land on again, goes back to the pool, not revoked as if its lease had run
+    out under the put."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
+        requests = KeepAliveRequests(provider, monkeypatch)
+        lease = await aged_free_lease(provider)
+        requests.held = lease
+        put_answered = asyncio.Event()
+        original = provider.client.txn
+
+        async def txn(request: pb.TxnRequest) -> pb.TxnResponse:
+            response = await original(request)
+            put_answered.set()
+            return response
+
+        monkeypatch.setattr(provider.client, "txn", txn)
+        take = asyncio.create_task(provider.acquire_lease("second", "alice", TTL_MS))
+        async with asyncio.timeout(10):
+            await put_answered.wait()
+            await requests.holding.wait()
+        kv = await provider.client.range(provider.etcd_key("second"))
+        assert kv is not None and kv.lease == lease
+        await provider.release_lease("second", "alice")
+        requests.let_through.set()
+        result = await take
+        assert result.acquired and result.token == kv.mod_revision
+        assert await provider.client.range(provider.etcd_key("second")) is None
+        await settled(provider)
+        assert lease in provider._pool.free_lease_ids()
+        assert (await provider.client.time_to_live(lease)).TTL > 0

@@ -97,6 +97,8 @@ class LeasePool:
         # Out with a tenure whose put had an answer lost: never reused (a copy of it
         # might yet land), revoked once its key is gone.
         self._tainted: set[int] = set()
+        # Unsettled, and this process has ended the tenure their put began meanwhile.
+        self._ended_unsettled: set[int] = set()
         # The key and value each lease out carries, noted when a put on it landed.
         self._carrying: dict[int, tuple[bytes, bytes]] = {}
         self._carrier_of: dict[bytes, int] = {}
@@ -142,11 +144,24 @@ class LeasePool:
         self._unsettled.add(grant.lease_id)
         return grant
 
-    def settled(self, lease_id: int, *, answers_lost: bool) -> None:
-        """The attempt that took ``lease_id`` knows where its put went."""
+    def settled(self, lease_id: int, *, answers_lost: bool) -> bool:
+        """The attempt that took ``lease_id`` knows where its put went; whether this
+        process ended the tenure it began meanwhile (:meth:`ended_unsettled`)."""
         self._unsettled.discard(lease_id)
         if answers_lost:
             self._tainted.add(lease_id)
+        ended = lease_id in self._ended_unsettled
+        self._ended_unsettled.discard(lease_id)
+        return ended
+
+    def ended_unsettled(self, lease_id: int) -> bool:
+        """Whether ``lease_id`` is with an attempt that has not settled yet; if so, noted
+        that this process ended (deleted or moved away) the tenure its put began: the
+        attempt, which may still send a copy of its put, decides what becomes of it."""
+        if lease_id not in self._unsettled:
+            return False
+        self._ended_unsettled.add(lease_id)
+        return True
 
     def reusable(self, lease_id: int) -> bool:
         """Whether ``lease_id``, once its key is gone, may carry another tenure."""
@@ -221,6 +236,7 @@ class LeasePool:
         self._uncarry(lease_id)
         self._unsettled.discard(lease_id)
         self._tainted.discard(lease_id)
+        self._ended_unsettled.discard(lease_id)
         if grant is not None and grant.ttl_s in self._free:
             self._free[grant.ttl_s].returned()
 

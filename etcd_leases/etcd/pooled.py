@@ -52,6 +52,10 @@ class PooledTenures(TxnCopies):
         """
         if not lease_id or is_session_lease(lease_id):
             return
+        if self._pool.ended_unsettled(lease_id):
+            # Its put is unsettled: a copy of it may land again on the free key, and a
+            # revoke would then delete a tenure about to be answered (see _attach).
+            return
         if self._pool.reusable(lease_id):
             self._pool.give_back(lease_id)
         else:  # not ours, or ours but not safe to reuse (see LeasePool.settled)
@@ -83,7 +87,10 @@ class PooledTenures(TxnCopies):
         key as a move read it (``None`` for a create): an interrupted create is
         undone, an interrupted move is settled in the background and keeps whichever
         tenure it left, so the key is never free. When a copy sent after a lost answer
-        fails, the key's history tells whether an earlier one landed.
+        fails, the key's history tells whether an earlier one landed. A tenure another
+        task of this process ended before the put settled (a release) is answered as
+        begun, its lease freed; a copy that landed again on the free key after it keeps
+        the key.
         """
         # Only a change after this revision can be ours: a move compares the revision
         # it read, and a create lands after every answer seen before it is sent (the
@@ -113,7 +120,7 @@ class PooledTenures(TxnCopies):
             self._pool.forget(grant.lease_id)
             self._background.start(self._client.revoke_quietly(grant.lease_id))
             raise
-        self._pool.settled(grant.lease_id, answers_lost=answers_lost)
+        ended = self._pool.settled(grant.lease_id, answers_lost=answers_lost)
         if kv is None or kv.lease != grant.lease_id:
             landed = None
             try:
@@ -145,6 +152,14 @@ class PooledTenures(TxnCopies):
                 "etcd: the lease under the put ran out before its renewal was answered "
                 "(etcd stalled): the tenure it began has ended; outcome unknown"
             )
+        if ended:
+            # This process ended the tenure the put began (a release, say) before the
+            # put settled; after a lost answer, a later copy may have landed again since.
+            now = await self._client.range(kv.key) if answers_lost else None
+            if now is None or now.lease != grant.lease_id:
+                self.lease_freed(grant.lease_id)
+                return Attached(kv, Tenure(kv.mod_revision, grant.ttl_s * 1000))
+            kv = now
         self._pool.carries(grant.lease_id, kv.key, kv.value)
         return Attached(kv, Tenure(kv.mod_revision, grant.ttl_s * 1000))
 
