@@ -42,12 +42,18 @@ class LoseAnswers:
         self.to_lose = 0
         self.lost = 0
         self.meanwhile: Callable[[pb.TxnRequest], Awaitable[None]] | None = None
+        self.error = lost_answer
 
     def __call__(
-        self, count: int, meanwhile: Callable[[pb.TxnRequest], Awaitable[None]] | None = None
+        self,
+        count: int,
+        meanwhile: Callable[[pb.TxnRequest], Awaitable[None]] | None = None,
+        error: Callable[[], grpc.aio.AioRpcError] | None = None,
     ) -> None:
+        """``error``: what gRPC raises in place of each answer (a passed deadline)."""
         self.to_lose = count
         self.meanwhile = meanwhile
+        self.error = error or lost_answer
 
 
 def lost_answer() -> grpc.aio.AioRpcError:
@@ -72,7 +78,7 @@ def lose_answers(etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPat
             if losses.meanwhile is not None:
                 assert isinstance(request, pb.TxnRequest)
                 await losses.meanwhile(request)
-            raise lost_answer()
+            raise losses.error()
         return response
 
     monkeypatch.setattr(client, "_attempt", attempt)
@@ -428,3 +434,32 @@ async def test_a_create_copy_that_lands_again_after_a_release_keeps_its_key(
     await p.release_lease("k", "alice")
     await settled(p)
     assert (await p.client.time_to_live(put_leases[0])).TTL == -1  # revoked with its key
+
+
+@pytest.mark.parametrize(
+    ("code", "text"),
+    [
+        (grpc.StatusCode.INTERNAL, "Received RST_STREAM with error code 2"),
+        (grpc.StatusCode.UNKNOWN, "Stream removed"),
+    ],
+)
+async def test_a_create_whose_stream_broke_after_it_landed_is_settled_as_unanswered(
+    etcd_provider: EtcdLeaseProvider,
+    lose_answers: LoseAnswers,
+    code: grpc.StatusCode,
+    text: str,
+) -> None:
+    """etcd applied the create, then the call's stream broke: gRPC's INTERNAL or
+    UNKNOWN, which no etcd refusal uses. The put is settled as one whose answer was lost
+    (acquired, once); read as a refusal, its lease went back to the pool while it
+    carried the key, for the next take to put a second key on."""
+    p = etcd_provider
+    await past_one_shot(p)
+    lose_answers(1, error=lambda: etcd_error(code, text))
+    result = await p.acquire_lease("k", "alice", 5000)
+    assert lose_answers.lost == 1
+    kv = await p.client.range(p.etcd_key("k"))
+    assert kv is not None and kv.version == 1
+    assert result.acquired and result.token == kv.mod_revision
+    await settled(p)
+    assert kv.lease not in p._pool.free_lease_ids()

@@ -30,3 +30,17 @@ def test_a_write_the_member_stopped_waiting_for_is_an_answer_lost() -> None:
     timed_out = etcd_error(grpc.StatusCode.UNKNOWN, "context deadline exceeded")
     assert is_member_failure(timed_out)
     assert isinstance(to_lease_error(timed_out), BackendUnavailable)
+
+
+def test_a_call_whose_stream_broke_is_a_member_failure_and_an_etcd_error_is_not() -> None:
+    # gRPC's own errors for a broken stream: the call may have been applied.
+    for code, text in [
+        (grpc.StatusCode.INTERNAL, "Received RST_STREAM with error code 2"),
+        (grpc.StatusCode.UNKNOWN, "Stream removed"),
+    ]:
+        broken = etcd_error(code, text)
+        assert is_member_failure(broken)
+        assert isinstance(to_lease_error(broken), BackendUnavailable)
+    refused = etcd_error(grpc.StatusCode.UNKNOWN, "etcdserver: some refusal")
+    assert not is_member_failure(refused)
+    assert not isinstance(to_lease_error(refused), BackendUnavailable)

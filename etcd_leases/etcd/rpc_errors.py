@@ -30,6 +30,11 @@ _NO_LEADER = (
     "raft proposal dropped",
     "context deadline exceeded",
 )
+# gRPC's own errors for a call whose stream broke (a member killed mid-call, a proxy
+# resetting the stream): INTERNAL "Received RST_STREAM", UNKNOWN "Stream removed". The
+# call may have been applied: never a refusal. etcd's own errors start with its name.
+_BROKEN_CALL = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+_ETCD_ERROR = "etcdserver: "
 _INVALID_TOKEN = "invalid auth token"
 _AUTH_FAILED = ("authentication failed", "user name is empty", "permission denied")
 _NO_SPACE = "database space exceeded"
@@ -63,6 +68,8 @@ def is_member_failure(exc: BaseException) -> bool:
         return False
     code = _code(exc)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return True
+    if code in _BROKEN_CALL and not details(exc).startswith(_ETCD_ERROR):
         return True
     return is_no_leader(details(exc))
 
