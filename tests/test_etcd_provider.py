@@ -24,7 +24,14 @@ from etcd_leases.etcd.pool import Grant
 from etcd_leases.etcd.txn import Txn, delete, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import assert_no_lease_leaked, past_one_shot, settled, unique_prefix
+from tests.conftest import (
+    Records,
+    assert_no_lease_leaked,
+    eventually,
+    past_one_shot,
+    settled,
+    unique_prefix,
+)
 
 
 async def test_value_is_the_owner_under_the_prefix(
@@ -718,3 +725,45 @@ async def test_a_move_takes_another_lease_when_etcd_dropped_the_one_it_took(
     kv = await p.client.range(p.etcd_key("k"))
     assert dropped and kv is not None and kv.value == owner.encode()
     assert kv.lease not in (0, dropped[0])
+
+
+async def test_a_one_shots_late_release_of_an_ended_tenure_leaves_the_next_owner_alone(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """A one-shot process (no lease given back yet, so a release revokes the tenure's
+    lease) took the key as alice; alice's lease was revoked elsewhere (an operator),
+    and bob took the key in this process. alice's release, late, finds no carrier for
+    alice: the key's carrier is bob's lease, and it stays."""
+    provider = etcd_provider
+    assert (await provider.acquire_lease("k", "alice", 5000)).acquired
+    kv = await provider.client.range(provider.etcd_key("k"))
+    assert kv is not None and await provider.client.revoke(kv.lease)
+    assert (await provider.acquire_lease("k", "bob", 5000)).acquired
+    assert not provider._pool.recycling
+    await provider.release_lease("k", "alice")
+    assert await provider.get_lease_owner("k") == "bob"
+
+
+async def test_a_sweep_that_fails_is_logged_at_once(
+    etcd_provider: EtcdLeaseProvider,
+    no_background_task_fails: Records,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A defect in the pool's sweep (a renewal raising what no etcd answer makes it
+    raise) ends the sweeper: logged as a failed background task when it ends, not
+    left for the garbage collector to mention, if ever."""
+    provider = etcd_provider
+    for _ in range(2):  # the second release gives its lease back: the sweep begins
+        await provider.acquire_lease("k", "alice", 1000)
+        await provider.release_lease("k", "alice")
+    assert provider._pool.free_lease_ids()
+
+    async def renew(grant: Grant) -> None:
+        raise RuntimeError("a defect in the sweep")
+
+    monkeypatch.setattr(provider._pool, "_renew", renew)
+    records = no_background_task_fails.records
+    await eventually(lambda: bool(records), "the sweeper's failure logged")
+    (record,) = records
+    assert "_sweep failed" in record.getMessage()
+    records.clear()  # failed on purpose

@@ -240,3 +240,8 @@ async def test_a_take_whose_tenure_a_release_ended_before_it_settled_answers_acq
         await settled(provider)
         assert lease in provider._pool.free_lease_ids()
         assert (await provider.client.time_to_live(lease)).TTL > 0
+        # Taken again, the lease carries the next tenure as any lease does.
+        assert (await provider.acquire_lease("third", "alice", TTL_MS)).acquired
+        kv = await provider.client.range(provider.etcd_key("third"))
+        assert kv is not None and kv.lease == lease
+        assert lease not in provider._pool.free_lease_ids()
