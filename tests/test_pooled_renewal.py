@@ -14,7 +14,7 @@ import asyncio
 import grpc
 import pytest
 
-from etcd_leases import BackendUnavailable, EtcdLeaseProvider
+from etcd_leases import AcquireResult, BackendUnavailable, EtcdLeaseProvider
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import settled, unique_prefix
@@ -72,6 +72,30 @@ async def aged_free_lease(provider: EtcdLeaseProvider) -> int:
     return kv.lease
 
 
+async def a_take_whose_renewal_is_held(
+    provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> tuple[asyncio.Task[AcquireResult], int, KeepAliveRequests]:
+    """An acquire of "second" under a lease aged in the pool, its put answered and the
+    renewal sent beside it held back on the wire: the take, the lease, the requests."""
+    requests = KeepAliveRequests(provider, monkeypatch)
+    lease = await aged_free_lease(provider)
+    requests.held = lease
+    put_answered = asyncio.Event()
+    original = provider.client.txn
+
+    async def txn(request: pb.TxnRequest) -> pb.TxnResponse:
+        response = await original(request)
+        put_answered.set()
+        return response
+
+    monkeypatch.setattr(provider.client, "txn", txn)
+    take = asyncio.create_task(provider.acquire_lease("second", "alice", TTL_MS))
+    async with asyncio.timeout(10):
+        await put_answered.wait()
+        await requests.holding.wait()
+    return take, lease, requests
+
+
 async def test_a_lease_aged_in_the_pool_is_renewed_once_alongside_the_put(
     etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -100,21 +124,7 @@ async def test_a_put_whose_lease_is_answered_gone_is_not_reported_acquired(
     etcd's expiry after a stall would) before its renewal reached etcd: the tenure the
     put began has ended, so the take fails as unknown, never "acquired"."""
     async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
-        requests = KeepAliveRequests(provider, monkeypatch)
-        lease = await aged_free_lease(provider)
-        requests.held = lease
-        put_answered = asyncio.Event()
-        original = provider.client.txn
-
-        async def txn(request: pb.TxnRequest) -> pb.TxnResponse:
-            response = await original(request)
-            put_answered.set()
-            return response
-
-        monkeypatch.setattr(provider.client, "txn", txn)
-        take = asyncio.create_task(provider.acquire_lease("second", "alice", TTL_MS))
-        async with asyncio.timeout(10):
-            await put_answered.wait()
+        take, lease, requests = await a_take_whose_renewal_is_held(provider, monkeypatch)
         key = provider.etcd_key("second")
         kv = await provider.client.range(key)
         assert kv is not None and kv.lease == lease  # the put under the aged lease landed
@@ -214,22 +224,7 @@ async def test_a_take_whose_tenure_a_release_ended_before_it_settled_answers_acq
     copy can land on again, goes back to the pool, not revoked as if its lease had run
     out under the put."""
     async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
-        requests = KeepAliveRequests(provider, monkeypatch)
-        lease = await aged_free_lease(provider)
-        requests.held = lease
-        put_answered = asyncio.Event()
-        original = provider.client.txn
-
-        async def txn(request: pb.TxnRequest) -> pb.TxnResponse:
-            response = await original(request)
-            put_answered.set()
-            return response
-
-        monkeypatch.setattr(provider.client, "txn", txn)
-        take = asyncio.create_task(provider.acquire_lease("second", "alice", TTL_MS))
-        async with asyncio.timeout(10):
-            await put_answered.wait()
-            await requests.holding.wait()
+        take, lease, requests = await a_take_whose_renewal_is_held(provider, monkeypatch)
         kv = await provider.client.range(provider.etcd_key("second"))
         assert kv is not None and kv.lease == lease
         await provider.release_lease("second", "alice")
