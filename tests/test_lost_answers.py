@@ -387,6 +387,7 @@ async def test_a_lease_whose_put_lost_an_answer_is_never_reused(
     again (a copy of its put might yet land), so its release revokes it."""
     p = etcd_provider
     await past_one_shot(p)  # a process that keeps freed leases for its next takes
+    before = set(await p.client.leases())
     lose_answers(1)
     assert (await p.acquire_lease("k", "alice", 5000)).acquired
     assert lose_answers.lost == 1
@@ -395,6 +396,7 @@ async def test_a_lease_whose_put_lost_an_answer_is_never_reused(
     await settled(p)
     assert lease not in p._pool.free_lease_ids()
     assert (await p.client.time_to_live(lease)).TTL == -1
+    await assert_no_lease_leaked(p, before)  # nor is it left in the pool's books
 
 
 async def test_a_create_copy_that_lands_again_after_a_release_keeps_its_key(

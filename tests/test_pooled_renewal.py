@@ -10,6 +10,7 @@ answered that renewal: etcd's lease never ends before the tenure promised. A mov
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from etcd_leases import AcquireResult, BackendUnavailable, EtcdLeaseProvider
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import settled, unique_prefix
+from tests.conftest import assert_no_lease_leaked, settled, unique_prefix
 
 TTL_MS = 60_000  # the sweep renews a free lease of 60 s only after it aged 20 s
 
@@ -189,15 +190,18 @@ async def test_a_transfer_onto_a_lease_aged_in_the_pool_never_ends_the_tenure_it
     with it, and the holder's tenure ended long before its TTL (CI, stop 33: a
     re-acquire with another TTL, a move too, freed a key another owner then took)."""
     async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
+        before = set(await provider.client.leases())
         await provider.acquire_lease("k", "carol", TTL_MS)
         requests = KeepAliveRequests(provider, monkeypatch)
         requests.let_through.set()
         lease = await aged_free_lease(provider)
         requests.held, requests.let_through = lease, asyncio.Event()
         moves: list[asyncio.Task[pb.TxnResponse]] = []
+        sent_under: list[int] = []
         original = provider.client.txn
 
         async def txn(request: pb.TxnRequest) -> pb.TxnResponse:
+            sent_under.extend(op.request_put.lease for op in request.success)
             moves.append(asyncio.create_task(original(request)))
             return await moves[-1]
 
@@ -212,7 +216,66 @@ async def test_a_transfer_onto_a_lease_aged_in_the_pool_never_ends_the_tenure_it
             assert await transfer
         kv = await provider.client.range(provider.etcd_key("k"))
         assert kv is not None and kv.value == b"dave" and kv.lease != lease
+        assert lease not in sent_under  # nothing was sent under the lease etcd called gone
+        await provider.release_lease("k", "dave")
+        await provider.release_lease("first", "bob")
         await settled(provider)
+        await assert_no_lease_leaked(provider, before)  # nor is it left in the pool's books
+
+
+async def test_a_transfer_onto_a_lease_aged_in_the_pool_renews_it_once_before_the_move(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The move lands on the aged lease, renewed by one keep-alive sent before the
+    move and none beside it; the pool knows the lease alive for the TTL from that
+    renewal (it would otherwise drop the lease, freed later, as expired)."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
+        await provider.acquire_lease("k", "carol", TTL_MS)
+        requests = KeepAliveRequests(provider, monkeypatch)
+        requests.let_through.set()
+        lease = await aged_free_lease(provider)
+        renewals_before = requests.sent.count(lease)
+        renewals_at_each_put: list[int] = []
+        original = provider.client.txn
+
+        async def txn(request: pb.TxnRequest) -> pb.TxnResponse:
+            if any(op.HasField("request_put") for op in request.success):
+                renewals_at_each_put.append(requests.sent.count(lease))
+            return await original(request)
+
+        monkeypatch.setattr(provider.client, "txn", txn)
+        started = time.monotonic()
+        assert await provider.transfer_lease("k", "carol", "dave", TTL_MS)
+        kv = await provider.client.range(provider.etcd_key("k"))
+        assert kv is not None and kv.value == b"dave" and kv.lease == lease
+        assert renewals_at_each_put == [renewals_before + 1]
+        await settled(provider)
+        assert requests.sent.count(lease) == renewals_before + 1
+        assert provider._pool._out[lease].valid_until >= started + TTL_MS / 1000
+
+
+async def test_a_transfer_whose_renewal_goes_unanswered_fails_in_the_client_timeout(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The renewal a move asks before it is sent never reaches etcd: the transfer
+    fails in the client's timeout, in words saying so, having sent nothing; the key
+    stays with its holder, and the lease, which carries nothing, goes back to the pool."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix(), timeout=2.0) as provider:
+        await provider.acquire_lease("k", "carol", TTL_MS)
+        held = await provider.client.range(provider.etcd_key("k"))
+        requests = KeepAliveRequests(provider, monkeypatch)
+        requests.let_through.set()
+        lease = await aged_free_lease(provider)
+        requests.held, requests.let_through = lease, asyncio.Event()
+        try:
+            async with asyncio.timeout(20):  # bounds a transfer that waits for the answer
+                with pytest.raises(BackendUnavailable, match=r"was not answered in 2\.0 s"):
+                    await provider.transfer_lease("k", "carol", "dave", TTL_MS)
+        finally:
+            requests.let_through.set()
+        assert await provider.client.range(provider.etcd_key("k")) == held
+        await settled(provider)
+        assert lease in provider._pool.free_lease_ids()
 
 
 async def test_a_take_whose_tenure_a_release_ended_before_it_settled_answers_acquired(
