@@ -413,6 +413,13 @@ async def live(request: pytest.FixtureRequest, etcd_members: EtcdMembers) -> Asy
         await live.provider.close()
 
 
+# gRPC's own errors for a call whose stream broke (no etcd error text): seen in CI.
+BROKEN_STREAM_ERRORS = [
+    (grpc.StatusCode.INTERNAL, "Received RST_STREAM with error code 2"),
+    (grpc.StatusCode.UNKNOWN, "Stream removed"),
+]
+
+
 def etcd_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     """The error gRPC raises for an answer of ``code`` (or none: DEADLINE_EXCEEDED,
     UNAVAILABLE), as the client sees it."""

@@ -23,6 +23,7 @@ from etcd_leases.etcd.txn import delete, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.send_ids import SendId
 from tests.conftest import (
+    BROKEN_STREAM_ERRORS,
     assert_freed,
     assert_no_lease_leaked,
     etcd_error,
@@ -438,13 +439,7 @@ async def test_a_create_copy_that_lands_again_after_a_release_keeps_its_key(
     assert (await p.client.time_to_live(put_leases[0])).TTL == -1  # revoked with its key
 
 
-@pytest.mark.parametrize(
-    ("code", "text"),
-    [
-        (grpc.StatusCode.INTERNAL, "Received RST_STREAM with error code 2"),
-        (grpc.StatusCode.UNKNOWN, "Stream removed"),
-    ],
-)
+@pytest.mark.parametrize(("code", "text"), BROKEN_STREAM_ERRORS)
 async def test_a_create_whose_stream_broke_after_it_landed_is_settled_as_unanswered(
     etcd_provider: EtcdLeaseProvider,
     lose_answers: LoseAnswers,

@@ -7,7 +7,7 @@ import grpc.aio
 
 from etcd_leases import BackendFull, BackendUnavailable
 from etcd_leases.etcd.rpc_errors import is_member_failure, to_lease_error
-from tests.conftest import etcd_error
+from tests.conftest import BROKEN_STREAM_ERRORS, etcd_error
 
 
 def test_a_full_database_says_so_and_what_to_do() -> None:
@@ -34,10 +34,7 @@ def test_a_write_the_member_stopped_waiting_for_is_an_answer_lost() -> None:
 
 def test_a_call_whose_stream_broke_is_a_member_failure_and_an_etcd_error_is_not() -> None:
     # gRPC's own errors for a broken stream: the call may have been applied.
-    for code, text in [
-        (grpc.StatusCode.INTERNAL, "Received RST_STREAM with error code 2"),
-        (grpc.StatusCode.UNKNOWN, "Stream removed"),
-    ]:
+    for code, text in BROKEN_STREAM_ERRORS:
         broken = etcd_error(code, text)
         assert is_member_failure(broken)
         assert isinstance(to_lease_error(broken), BackendUnavailable)
