@@ -263,7 +263,12 @@ async def assert_no_lease_leaked(provider: EtcdLeaseProvider, before: set[int]) 
     assert left <= provider._pool.free_lease_ids(), "a lease leaked"
     for lease in left:
         assert not (await provider.client.time_to_live(lease, keys=True)).keys
-    # Nor do the pool's books keep leases that are gone (they would grow without end).
+    await assert_books_name_no_gone_lease(provider)
+
+
+async def assert_books_name_no_gone_lease(provider: EtcdLeaseProvider) -> None:
+    """The pool's books keep no lease etcd no longer has (they would grow without end)."""
+    alive = set(await provider.client.leases())
     pool = provider._pool
     books = {*pool._out, *pool._unsettled, *pool._tainted, *pool._carrying}
     assert books | set(pool._carrier_of.values()) <= alive, "the pool's books name gone leases"

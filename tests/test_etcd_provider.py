@@ -26,6 +26,7 @@ from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import (
     Records,
+    assert_books_name_no_gone_lease,
     assert_no_lease_leaked,
     eventually,
     past_one_shot,
@@ -725,6 +726,7 @@ async def test_a_move_takes_another_lease_when_etcd_dropped_the_one_it_took(
     kv = await p.client.range(p.etcd_key("k"))
     assert dropped and kv is not None and kv.value == owner.encode()
     assert kv.lease not in (0, dropped[0])
+    await assert_books_name_no_gone_lease(p)
 
 
 async def test_a_one_shots_late_release_of_an_ended_tenure_leaves_the_next_owner_alone(

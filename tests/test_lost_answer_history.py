@@ -19,7 +19,7 @@ from etcd_leases import BackendUnavailable, EtcdLeaseProvider
 from etcd_leases.etcd.txn import first_kv
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import assert_freed
+from tests.conftest import assert_freed, past_one_shot
 from tests.test_lost_answers import lease_of, lost_answer
 from tests.test_tenure_races import revoked
 
@@ -81,6 +81,30 @@ async def test_an_acquire_whose_first_copy_landed_says_it_acquired(
     assert result.ttl_ms == 5000  # ...and the TTL its lease was granted
     assert await p.get_lease_owner("k") == "o0"
     await revoked(p, lose.landed.lease)  # the key left it: not leaked
+
+
+async def test_an_acquire_whose_first_copy_landed_after_changes_it_had_not_seen_says_so(
+    etcd_provider: EtcdLeaseProvider,
+    elsewhere: EtcdLeaseProvider,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As above, on a lease from the pool (granted before): the key was taken and
+    released elsewhere since the last revision this process saw, so its history holds
+    those changes before the first copy's put. They are not the put: read past them."""
+    p = etcd_provider
+    await past_one_shot(p)  # from now on, a released lease goes back to the pool
+    assert (await p.acquire_lease("warm", "o2", 5000)).acquired
+    await p.release_lease("warm", "o2")
+    assert p._pool.free_lease_ids()
+    assert (await elsewhere.acquire_lease("k", "o9", 5000)).acquired  # unseen here
+    await elsewhere.release_lease("k", "o9")
+    lose = FirstCopyLost(p, monkeypatch)
+    lose.arm(lambda: elsewhere.transfer_lease("k", "o2", "o0", 5000))
+    result = await p.acquire_lease("k", "o2", 5000)
+    assert lose.landed is not None
+    assert (result.acquired, result.owner) == (True, "o2")
+    assert result.token == lose.landed.mod_revision
+    await revoked(p, lose.landed.lease)
 
 
 # What the new owner does, elsewhere, before the transfer's copy is sent again.

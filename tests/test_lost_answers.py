@@ -460,3 +460,41 @@ async def test_a_create_whose_stream_broke_after_it_landed_is_settled_as_unanswe
     assert result.acquired and result.token == kv.mod_revision
     await settled(p)
     assert kv.lease not in p._pool.free_lease_ids()
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "not-landed"])
+async def test_a_move_whose_key_went_after_its_lost_copy_is_settled_from_the_history(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
+    """The transfer's first copy lost its answer, having landed or not, and the key was
+    deleted by hand before the next copy, which finds no key. The key's history tells
+    the two apart: a transfer that landed (then lost its key) answers True, one that
+    did not (the key went before it) answers False."""
+    p = etcd_provider
+    client = p.client
+    await p.acquire_lease("k", "alice", 5000)
+    original = client._attempt
+    lost: list[pb.TxnRequest] = []
+
+    async def attempt(
+        index: int, path: str, request: Message, response_type: type[Message], deadline_s: float
+    ) -> Message:
+        is_move = isinstance(request, pb.TxnRequest) and any(
+            op.request_put.value == b"bob" for op in request.success
+        )
+        if not is_move or lost:
+            return await original(index, path, request, response_type, deadline_s)
+        assert isinstance(request, pb.TxnRequest)
+        lost.append(request)
+        if landed:
+            await original(index, path, request, response_type, deadline_s)
+        by_hand = pb.TxnRequest(success=[delete(p.etcd_key("k"))])
+        await original(index, path, by_hand, response_type, deadline_s)
+        raise lost_answer()
+
+    monkeypatch.setattr(client, "_attempt", attempt)
+    assert await p.transfer_lease("k", "alice", "bob", 5000) is landed
+    assert lost and await client.range(p.etcd_key("k")) is None
+    await settled(p)
+    lease = lost[0].success[0].request_put.lease
+    await assert_freed(p, lease)

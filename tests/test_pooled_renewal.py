@@ -18,7 +18,12 @@ import pytest
 from etcd_leases import AcquireResult, BackendUnavailable, EtcdLeaseProvider
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import assert_no_lease_leaked, settled, unique_prefix
+from tests.conftest import (
+    assert_books_name_no_gone_lease,
+    assert_no_lease_leaked,
+    settled,
+    unique_prefix,
+)
 
 TTL_MS = 60_000  # the sweep renews a free lease of 60 s only after it aged 20 s
 
@@ -136,6 +141,7 @@ async def test_a_put_whose_lease_is_answered_gone_is_not_reported_acquired(
             await take
         assert await provider.client.range(key) is None
         assert lease not in provider._pool.free_lease_ids()
+        await assert_books_name_no_gone_lease(provider)
         assert (await provider.acquire_lease("second", "bob", TTL_MS)).acquired
         await settled(provider)
 
@@ -177,6 +183,7 @@ async def test_a_take_whose_renewal_goes_unanswered_fails_in_the_client_timeout(
         await settled(provider)
         assert await provider.client.range(provider.etcd_key("second")) is None
         assert (await provider.client.time_to_live(lease)).TTL == -1
+        await assert_books_name_no_gone_lease(provider)
 
 
 async def test_a_transfer_onto_a_lease_aged_in_the_pool_never_ends_the_tenure_it_moves(
@@ -293,7 +300,7 @@ async def test_a_take_whose_tenure_a_release_ended_before_it_settled_answers_acq
         await provider.release_lease("second", "alice")
         requests.let_through.set()
         result = await take
-        assert result.acquired and result.token == kv.mod_revision
+        assert result.acquired and result.token == kv.mod_revision and result.ttl_ms == TTL_MS
         assert await provider.client.range(provider.etcd_key("second")) is None
         await settled(provider)
         assert lease in provider._pool.free_lease_ids()

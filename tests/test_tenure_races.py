@@ -15,6 +15,7 @@ import pytest
 from etcd_leases import EtcdLeaseProvider
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
+from tests.conftest import assert_freed, settled
 from tests.test_lost_answers import lease_of
 
 
@@ -156,3 +157,42 @@ async def test_a_transfer_follows_the_owner_moving_its_tenure_in_another_process
         monkeypatch.setattr(p.client, "range", read_then_moved)
         assert await p.transfer_lease("k", "alice", "bob", 5000)
         assert moved and await p.get_lease_owner("k") == "bob"
+
+
+async def test_a_transfer_whose_new_tenure_a_release_ended_before_its_answer_succeeds(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The move of a transfer to bob landed; before its answer reaches the transfer,
+    another task releases bob's new tenure. Both calls happened, in that order: the
+    transfer answers True (its tenure since ended), the key is free, and neither lease
+    is left carrying anything (the moved one freed by the move, the new one by the
+    release)."""
+    p = etcd_provider
+    await p.acquire_lease("k", "alice", 5000)
+    moved_lease = await lease_of(p, "k")
+    move_landed, answer_move = asyncio.Event(), asyncio.Event()
+    new_leases: list[int] = []
+    original = p.client.txn
+
+    async def txn(request: pb.TxnRequest) -> pb.TxnResponse:
+        response = await original(request)
+        puts = [op.request_put for op in request.success if op.request_put.value == b"bob"]
+        if puts:
+            new_leases.append(puts[0].lease)
+            move_landed.set()
+            await answer_move.wait()
+        return response
+
+    monkeypatch.setattr(p.client, "txn", txn)
+    transfer = asyncio.create_task(p.transfer_lease("k", "alice", "bob", 5000))
+    async with asyncio.timeout(10):
+        await move_landed.wait()
+    await p.release_lease("k", "bob")
+    assert await p.client.range(p.etcd_key("k")) is None
+    answer_move.set()
+    async with asyncio.timeout(10):
+        assert await transfer
+    assert await p.client.range(p.etcd_key("k")) is None
+    await settled(p)
+    for lease in (moved_lease, *new_leases):
+        await assert_freed(p, lease)
