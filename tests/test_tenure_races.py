@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+import grpc
 import pytest
 
 from etcd_leases import EtcdLeaseProvider
@@ -196,3 +197,52 @@ async def test_a_transfer_whose_new_tenure_a_release_ended_before_its_answer_suc
     await settled(p)
     for lease in (moved_lease, *new_leases):
         await assert_freed(p, lease)
+
+
+class AnsweredGone:
+    """A keep-alive call on which etcd's answers for ``lease`` say it is gone (TTL 0),
+    as a freshly elected leader that has not applied the lease yet answers (etcd issue
+    13675); the lease itself stays, and its key with it."""
+
+    def __init__(
+        self,
+        call: grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse],
+        lease: int,
+    ) -> None:
+        self._call = call
+        self._lease = lease
+
+    async def write(self, request: pb.LeaseKeepAliveRequest) -> None:
+        await self._call.write(request)
+
+    async def read(self) -> object:
+        answer = await self._call.read()
+        if isinstance(answer, pb.LeaseKeepAliveResponse) and self._lease == answer.ID:
+            return pb.LeaseKeepAliveResponse(header=answer.header, ID=answer.ID, TTL=0)
+        return answer
+
+    def cancel(self) -> bool:
+        return self._call.cancel()
+
+
+@pytest.mark.parametrize("call", ["renew", "transfer"])
+async def test_a_tenure_etcd_answers_gone_while_its_key_stays_is_not_renewed_or_moved(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """etcd answers the keep-alive of alice's lease "gone", yet the key stays: the call
+    takes the tenure for ended and answers False once it has read the key unchanged
+    again. It does not wait for a deletion that does not come."""
+    p = etcd_provider
+    assert (await p.acquire_lease("k", "alice", 5000)).acquired
+    lease = await lease_of(p, "k")
+    open_call = p.client.keep_alive_stream
+    monkeypatch.setattr(
+        p.client, "keep_alive_stream", lambda *args: AnsweredGone(open_call(*args), lease)
+    )
+    async with asyncio.timeout(10):  # bounds a call that reads the key for ever
+        if call == "renew":
+            assert not await p.renew_lease("k", "alice", 5000)
+        else:
+            assert not await p.transfer_lease("k", "alice", "bob", 5000)
+    assert await lease_of(p, "k") == lease  # only the answer said gone
+    assert await p.get_lease_owner("k") == "alice"
