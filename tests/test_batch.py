@@ -342,3 +342,40 @@ async def test_a_cancelled_caller_leaves_the_batch_to_the_others(
     await asyncio.gather(*calls, return_exceptions=True)
     assert [len(r.success) if nested(r) else 1 for r in sent] == [1, 3]
     assert await client.range(prefix + b"k2") is None
+
+
+async def test_no_more_transactions_are_in_flight_than_the_cap(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sent alone wait for etcd's answer while three writes of one key queue up
+    (no two can share a batch): each is sent once a send in flight ends, never more
+    than two at once."""
+    batcher = TxnBatcher(client, max_in_flight=2)
+    prefix = unique_prefix().encode()
+    gate, two_waiting = asyncio.Event(), asyncio.Event()
+    in_flight, most = 0, 0
+    original = client.txn
+
+    async def txn(request: pb.TxnRequest) -> pb.TxnResponse:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            if in_flight == 2:
+                two_waiting.set()
+            await gate.wait()
+            return await original(request)
+        finally:
+            in_flight -= 1
+
+    monkeypatch.setattr(client, "txn", txn)
+    alone = [create(prefix + b"a", b"me"), create(prefix + b"b", b"me")]
+    same_key = [create(prefix + b"c", b"me%d" % i) for i in range(3)]
+    calls = asyncio.gather(*(batcher.txn(t.request) for t in alone + same_key))
+    async with asyncio.timeout(10):
+        await two_waiting.wait()
+        gate.set()
+        responses = await calls
+    assert [r.succeeded for r in responses[:2]] == [True, True]
+    assert sum(r.succeeded for r in responses[2:]) == 1  # one create of "c" won
+    assert most == 2
