@@ -19,6 +19,7 @@ import pytest
 
 from etcd_leases import EtcdLeaseProvider, InMemoryLeaseProvider, LeaseProvider
 from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster, etcd_version, find_etcd_binaries
 
 ETCD_BINARIES = {f"etcd{etcd_version(binary)}": binary for binary in find_etcd_binaries()}
@@ -416,6 +417,27 @@ async def live(request: pytest.FixtureRequest, etcd_members: EtcdMembers) -> Asy
         for other in live.others:
             await other.close()
         await live.provider.close()
+
+
+class KeepAliveCall:
+    """A provider's keep-alive call, passed through as it is; a test's subclass changes
+    what it needs on the wire (install with ``monkeypatch`` on the client's
+    ``keep_alive_stream``)."""
+
+    def __init__(
+        self,
+        call: grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse],
+    ) -> None:
+        self._call = call
+
+    async def write(self, request: pb.LeaseKeepAliveRequest) -> None:
+        await self._call.write(request)
+
+    async def read(self) -> object:
+        return await self._call.read()
+
+    def cancel(self) -> bool:
+        return self._call.cancel()
 
 
 # gRPC's own errors for a call whose stream broke (no etcd error text): seen in CI.

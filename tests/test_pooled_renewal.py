@@ -19,6 +19,7 @@ from etcd_leases import AcquireResult, BackendUnavailable, EtcdLeaseProvider
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import (
+    KeepAliveCall,
     assert_books_name_no_gone_lease,
     assert_no_lease_leaked,
     settled,
@@ -43,7 +44,7 @@ class KeepAliveRequests:
         )
 
 
-class NotedCall:
+class NotedCall(KeepAliveCall):
     """A keep-alive call whose requests ``requests`` notes (and may hold back)."""
 
     def __init__(
@@ -51,7 +52,7 @@ class NotedCall:
         call: grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse],
         requests: KeepAliveRequests,
     ) -> None:
-        self._call = call
+        super().__init__(call)
         self._requests = requests
 
     async def write(self, request: pb.LeaseKeepAliveRequest) -> None:
@@ -60,12 +61,6 @@ class NotedCall:
             self._requests.holding.set()
             await self._requests.let_through.wait()
         await self._call.write(request)
-
-    async def read(self) -> object:
-        return await self._call.read()
-
-    def cancel(self) -> bool:
-        return self._call.cancel()
 
 
 async def aged_free_lease(provider: EtcdLeaseProvider) -> int:

@@ -27,7 +27,7 @@ from etcd_leases.etcd.lease_ids import is_session_lease
 from etcd_leases.etcd.session import Session
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import etcd_error, settled, unique_prefix
+from tests.conftest import KeepAliveCall, etcd_error, settled, unique_prefix
 
 
 async def leases_of(provider: EtcdLeaseProvider, prefix: str) -> set[int]:
@@ -654,7 +654,7 @@ async def test_a_tenure_given_up_is_not_deleted_under_a_hold_taking_it(
             await holding.__aexit__(None, None, None)
 
 
-class HeldKeepAliveAnswers:
+class HeldKeepAliveAnswers(KeepAliveCall):
     """A keep-alive call whose answers wait while ``flowing`` is clear, as a member's do
     when it stops answering keep-alives with its connection up."""
 
@@ -663,19 +663,13 @@ class HeldKeepAliveAnswers:
         call: grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse],
         flowing: asyncio.Event,
     ) -> None:
-        self._call = call
+        super().__init__(call)
         self._flowing = flowing
-
-    async def write(self, request: pb.LeaseKeepAliveRequest) -> None:
-        await self._call.write(request)
 
     async def read(self) -> object:
         response = await self._call.read()
         await self._flowing.wait()
         return response
-
-    def cancel(self) -> bool:
-        return self._call.cancel()
 
 
 async def test_a_take_whose_renewal_goes_unanswered_fails_in_the_client_timeout(

@@ -16,7 +16,7 @@ import pytest
 from etcd_leases import EtcdLeaseProvider
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import assert_freed, settled
+from tests.conftest import KeepAliveCall, assert_freed, settled
 from tests.test_lost_answers import lease_of
 
 
@@ -199,7 +199,7 @@ async def test_a_transfer_whose_new_tenure_a_release_ended_before_its_answer_suc
         await assert_freed(p, lease)
 
 
-class AnsweredGone:
+class AnsweredGone(KeepAliveCall):
     """A keep-alive call on which etcd's answers for ``lease`` say it is gone (TTL 0),
     as a freshly elected leader that has not applied the lease yet answers (etcd issue
     13675); the lease itself stays, and its key with it."""
@@ -209,20 +209,14 @@ class AnsweredGone:
         call: grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse],
         lease: int,
     ) -> None:
-        self._call = call
+        super().__init__(call)
         self._lease = lease
-
-    async def write(self, request: pb.LeaseKeepAliveRequest) -> None:
-        await self._call.write(request)
 
     async def read(self) -> object:
         answer = await self._call.read()
         if isinstance(answer, pb.LeaseKeepAliveResponse) and self._lease == answer.ID:
             return pb.LeaseKeepAliveResponse(header=answer.header, ID=answer.ID, TTL=0)
         return answer
-
-    def cancel(self) -> bool:
-        return self._call.cancel()
 
 
 @pytest.mark.parametrize("call", ["renew", "transfer"])
