@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import grpc
 import pytest
 
 from etcd_leases import AcquireResult, BackendUnavailable, EtcdLeaseProvider
+from etcd_leases.etcd.renewal_stream import RenewalStream
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
 from tests.conftest import (
@@ -25,6 +27,7 @@ from tests.conftest import (
     settled,
     unique_prefix,
 )
+from tests.test_lost_answers import unknown_create
 
 TTL_MS = 60_000  # the sweep renews a free lease of 60 s only after it aged 20 s
 
@@ -163,8 +166,9 @@ async def test_a_take_whose_renewal_goes_unanswered_fails_in_the_client_timeout(
     etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The renewal asked alongside the put never reaches etcd: the take fails in the
-    client's timeout, in words saying so, and the lease (which may carry the put) is
-    revoked, its key with it. It does not wait for an answer that never comes."""
+    client's timeout, in words saying so; it does not wait for an answer that never
+    comes. The tenure the put began (others may have seen it) is left to run its
+    course: the lease is neither revoked nor reused nor renewed again."""
     async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix(), timeout=2.0) as provider:
         requests = KeepAliveRequests(provider, monkeypatch)
         lease = await aged_free_lease(provider)
@@ -176,8 +180,9 @@ async def test_a_take_whose_renewal_goes_unanswered_fails_in_the_client_timeout(
         finally:
             requests.let_through.set()
         await settled(provider)
-        assert await provider.client.range(provider.etcd_key("second")) is None
-        assert (await provider.client.time_to_live(lease)).TTL == -1
+        assert await provider.get_lease_owner("second") == "alice"
+        assert lease not in provider._pool.free_lease_ids()
+        assert not provider._keepalive.is_kept(lease)
         await assert_books_name_no_gone_lease(provider)
 
 
@@ -305,3 +310,25 @@ async def test_a_take_whose_tenure_a_release_ended_before_it_settled_answers_acq
         kv = await provider.client.range(provider.etcd_key("third"))
         assert kv is not None and kv.lease == lease
         assert lease not in provider._pool.free_lease_ids()
+
+
+async def test_the_renewal_beside_a_create_left_unknown_still_goes_out(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create whose outcome is unknown may have begun a tenure that must last its
+    TTL: the renewal asked beside it is sent even when the call has given up before
+    the renewal streams opened (it was dropped before, and the lease, aged in the pool,
+    would have ended that tenure early)."""
+    requests = KeepAliveRequests(etcd_provider, monkeypatch)
+    streams_may_open = asyncio.Event()
+    open_stream = RenewalStream.open
+
+    async def open_later(*args: Any, **kwargs: Any) -> RenewalStream | str:
+        await streams_may_open.wait()
+        return await open_stream(*args, **kwargs)
+
+    monkeypatch.setattr(RenewalStream, "open", open_later)
+    pooled = await unknown_create(etcd_provider, monkeypatch)
+    streams_may_open.set()
+    await settled(etcd_provider)
+    assert requests.sent == [pooled]

@@ -231,7 +231,8 @@ class LeasePool:
         self._trim()
 
     def forget(self, lease_id: int) -> None:
-        """``lease_id`` is gone (etcd said so), or it is revoked: not ours any more."""
+        """``lease_id`` is gone (etcd said so), revoked, or left to run out: not ours
+        any more."""
         grant = self._out.pop(lease_id, None)
         self._uncarry(lease_id)
         self._unsettled.discard(lease_id)

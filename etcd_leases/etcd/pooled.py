@@ -9,6 +9,7 @@ answers and, when the last copy failed, from the key's history.
 from __future__ import annotations
 
 import asyncio
+from contextlib import suppress
 from dataclasses import dataclass, replace
 
 from etcd_leases.errors import BackendError, BackendUnavailable, LeaseError, PermissionDenied
@@ -72,6 +73,11 @@ class PooledTenures(TxnCopies):
             self._pool.renewed(lease_id, sent_at + ttl_s)
         return ttl_s
 
+    async def _renewal_answered(self, lease_id: int, requested: asyncio.Future[Renewal]) -> None:
+        """Let a renewal requested beside an interrupted put run its course."""
+        with suppress(LeaseError):  # unanswered: the lease runs out sooner
+            await self._renew(lease_id, requested)
+
     async def _attach(
         self, txn: Txn, grant: Grant, started: float, *, replaces: pb.KeyValue | None = None
     ) -> Attached | None:
@@ -84,9 +90,10 @@ class PooledTenures(TxnCopies):
         :meth:`_alive_for_the_ttl`). A lease of ours that did not end up on the key goes
         back to the pool; one that ran out under the key before its renewal was
         answered is cleared up, and the outcome reported unknown. ``replaces`` is the
-        key as a move read it (``None`` for a create): an interrupted create is
-        undone, an interrupted move is settled in the background and keeps whichever
-        tenure it left, so the key is never free. When a copy sent after a lost answer
+        key as a move read it (``None`` for a create): what an interrupted create may
+        have begun lasts its TTL (others may have seen it), then ends by itself; an
+        interrupted move is settled in the background and keeps whichever tenure it
+        left, so the key is never free. When a copy sent after a lost answer
         fails, the key's history tells whether an earlier one landed. A tenure another
         task of this process ended before the put settled (a release) is answered as
         begun, its lease freed; a copy that landed again on the free key after it keeps
@@ -104,8 +111,10 @@ class PooledTenures(TxnCopies):
             kv = first_kv(response)
             alive = renewal is None or await self._renew(grant.lease_id, renewal) > 0
         except BaseException as exc:
-            if renewal is not None:
-                renewal.cancel()
+            if renewal is not None and not renewal.done():
+                # Sent, or about to be: its answer still tells the pool how long the
+                # lease lives, and a put that may have landed needs it (see below).
+                self._background.start(self._renewal_answered(grant.lease_id, renewal))
             if isinstance(exc, BackendError) and self._client.is_lease_not_found(exc):
                 self._pool.forget(grant.lease_id)
                 return None
@@ -115,10 +124,11 @@ class PooledTenures(TxnCopies):
             if replaces is not None:
                 self._background.start(self._settle_move(txn, grant, replaces.lease))
                 raise
-            # The put may have landed under it: revoking the lease, which carries at
-            # most this attempt, ends that tenure before anyone relies on it.
+            # The put may have landed, and others may have seen its tenure begin and
+            # acted on it: it lasts its TTL (the renewal sent with it goes on), then
+            # ends by itself. The lease is neither reused nor revoked, nor renewed
+            # again unless its owner asks again and learns the tenure is its own.
             self._pool.forget(grant.lease_id)
-            self._background.start(self._client.revoke_quietly(grant.lease_id))
             raise
         ended = self._pool.settled(grant.lease_id, answers_lost=answers_lost)
         if kv is None or kv.lease != grant.lease_id:
