@@ -261,10 +261,32 @@ async def assert_no_lease_leaked(provider: EtcdLeaseProvider, before: set[int]) 
     key; and the pool's books name no lease etcd no longer has."""
     alive = set(await provider.client.leases())
     left = alive - before
-    assert left <= provider._pool.free_lease_ids(), "a lease leaked"
+    assert left <= provider._pool.free_lease_ids(), (
+        f"a lease leaked: {await _described(provider, left)}"
+    )
     for lease in left:
         assert not (await provider.client.time_to_live(lease, keys=True)).keys
     await assert_books_name_no_gone_lease(provider)
+
+
+async def _described(provider: EtcdLeaseProvider, leases: set[int]) -> str:
+    """What etcd and the provider know of each of ``leases`` not free in its pool (tells
+    a lease of this test's from one another test's closing provider granted late)."""
+    pool = provider._pool
+    lines = []
+    for lease in sorted(leases - pool.free_lease_ids()):
+        status = await provider.client.time_to_live(lease, keys=True)
+        books = [
+            name
+            for name in ("_out", "_unsettled", "_tainted", "_carrying")
+            if lease in getattr(pool, name)
+        ]
+        lines.append(
+            f"lease {lease:x}: granted {status.grantedTTL} s, {status.TTL} s left, "
+            f"keys {list(status.keys)}, kept {provider._keepalive.is_kept(lease)}, "
+            f"pool books {books}"
+        )
+    return "\n" + "\n".join(lines)
 
 
 async def assert_books_name_no_gone_lease(provider: EtcdLeaseProvider) -> None:

@@ -81,13 +81,45 @@ async def test_each_answer_comes_with_the_request_it_answers(client: EtcdClient)
             sent_at, _ = inflight
             assert before <= sent_at <= answered_at
             assert response.TTL == 10
-        # The first lease's two requests, answered in order: the renewal, then the one-shot.
+        # The first lease's two requests, each answered as itself: the renewal, and the
+        # one-shot (on another lane if one opened between them).
         firsts = [inflight for r, inflight, _ in events.answers if lease_ids[0] == r.ID]
-        assert [inflight[1] for inflight in firsts if inflight] == [None, answer]
+        waiters = [inflight[1] for inflight in firsts if inflight]
+        assert len(waiters) == 2 and None in waiters and answer in waiters
         assert stream.unanswered() == []
     finally:
         stream.end("the test is over", failed=False)
         await stream.wait_ended()
+
+
+async def test_a_stream_opens_lanes_as_its_requests_back_up(client: EtcdClient) -> None:
+    """Renewals answered as they come keep to one call (each costs the member a stream);
+    a burst backs up on it, and the stream spreads the rest over more calls, up to
+    LANES, every request still answered with its own send time."""
+    lease_ids = await _granted(client, 400)
+    events = Events()
+    stream = await _open(client, events)
+    try:
+        for count, lease_id in enumerate(lease_ids[:5], start=1):  # each answered first
+
+            def answered(count: int = count) -> bool:
+                return len(events.answers) == count
+
+            assert stream.send(lease_id, _request(lease_id), None)
+            await eventually(answered, "the answer")
+        assert len(list(stream._open_lanes())) == 1
+        for lease_id in lease_ids:
+            assert stream.send(lease_id, _request(lease_id), None)
+        opened = len(list(stream._open_lanes()))
+        assert 1 < opened <= LANES
+        await eventually(lambda: len(events.answers) == 405, "every answer")
+        assert all(inflight is not None for _, inflight, _ in events.answers)
+        assert sorted(r.ID for r, _, _ in events.answers[5:]) == sorted(lease_ids)
+    finally:
+        stream.end("the test is over", failed=False)
+        await stream.wait_ended()
+    for lease_id in lease_ids:
+        await client.revoke(lease_id)
 
 
 async def test_a_stall_may_start_when_a_request_is_written_with_none_outstanding(
