@@ -33,6 +33,9 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"etcd {version} is required but not found (found: {found})")
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupt)
+    config.addinivalue_line(
+        "markers", "alone: measures what an idle host sustains; runs with no other test"
+    )
 
 
 # Tests that freeze, kill or partition etcd members, start CPU hogs or many worker
@@ -62,21 +65,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _loads_the_host(item: pytest.Item) -> bool:
-    """Whether the test starts CPU hogs: the load it means is theirs, on an idle host."""
-    return "hogs" in item.name
+    """Whether the test starts CPU hogs (the load it means is theirs, on an idle host),
+    or measures what an idle host sustains (marked ``alone``)."""
+    return "hogs" in item.name or item.get_closest_marker("alone") is not None
 
 
 @pytest.fixture(autouse=True)
 def alone_if_it_loads_the_host(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:
-    """Under pytest-xdist, a test that starts CPU hogs runs with no test on the other
-    worker: two hogs beside another test's etcd members and processes starve what the
-    test measures (5,000 leases lost, all at once) more than any host it speaks for.
+    """Under pytest-xdist, a test that starts CPU hogs, or measures what an idle host
+    sustains (marked ``alone``), runs with no test on the other worker: two hogs beside
+    another test's etcd members and processes starve what the test measures (5,000
+    leases lost, all at once) more than any host it speaks for.
 
     A readers-writer lock between the workers (``flock``): every test holds it shared,
-    a hog test exclusive; the turnstile stops new tests from starting while a hog test
-    waits for the running one to end.
+    such a test exclusive; the turnstile stops new tests from starting while it waits
+    for the running one to end.
     """
     if "PYTEST_XDIST_WORKER" not in os.environ:
         yield

@@ -577,6 +577,9 @@ async def test_many_leases_are_renewed_over_several_calls(
         await client.revoke(kept.lease_id)
 
 
+# Alone even when idle: beside another worker's test (in CI, one that slowed 5,000
+# grants to 4.8 s) the host is not the idle one this variant speaks for.
+@pytest.mark.alone
 @pytest.mark.parametrize("hogs", [0, 2], ids=["idle", "two-cpu-hogs"])
 async def test_five_thousand_leases_on_one_stream(
     client: EtcdClient, keeper: KeepAliveLoop, hogs: int
@@ -589,13 +592,18 @@ async def test_five_thousand_leases_on_one_stream(
     count, ttl_s, duration = 5000, 3, 8.0
     limit = asyncio.Semaphore(200)
 
+    left_when_kept: list[float] = []  # how long each lease was vouched for when kept
+
     async def one() -> KeptLease:
         async with limit:
-            return await keep_new(client, keeper, ttl_s)
+            kept = await keep_new(client, keeper, ttl_s)
+            left_when_kept.append(kept.remaining())
+            return kept
 
     granting = time.monotonic()
     leases = await asyncio.gather(*(one() for _ in range(count)))
     granted_in = time.monotonic() - granting
+    lost_while_granting = sum(kept.lost.is_set() for kept in leases)
 
     lags: list[float] = []
 
@@ -620,7 +628,8 @@ async def test_five_thousand_leases_on_one_stream(
 
     lags.sort()  # shown before the checks, so a failure tells how far behind it was
     print(
-        f"\n{count} leases of {ttl_s} s: granted in {granted_in:.1f} s; "
+        f"\n{count} leases of {ttl_s} s: granted in {granted_in:.1f} s, the least time "
+        f"left when kept {min(left_when_kept):.2f} s, {lost_while_granting} lost by then; "
         f"{rate:.0f} keep-alives/s sent (expected ~{count / (ttl_s / 3):.0f}), "
         f"{answer_rate:.0f}/s answered; "
         f"process CPU {cpu_share:.0%} of one core; "
