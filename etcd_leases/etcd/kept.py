@@ -1,8 +1,8 @@
 """Tenures kept from the start: ``hold``'s keys on the session lease, and adopted ones.
 
 A key put on this process's session lease shares that lease's renewals with every
-other held key (see :mod:`.session`); an interrupted put is undone unless a hold of
-this process has the tenure it began.
+other held key (see :mod:`.session`); an interrupted put is undone once the TTL it
+asked for has passed, unless a hold of this process has the tenure it began.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from etcd_leases.etcd.session import Session
 from etcd_leases.etcd.txn import Txn, create_revision_is, delete, get, mod_revision_is, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
-# When an interrupted session put is looked for (seconds after the previous look):
-# a copy still on its way to a responsive member lands within these.
-_SETTLE_READS_S = (0.0, 0.5, 2.0)
+# When an interrupted session put is looked for again (seconds after the previous
+# look): a copy still on its way to a responsive member lands within these.
+_READ_AGAIN_AFTER_S = (0.5, 2.0)
 
 
 def state_of(kv: pb.KeyValue | None) -> OwnerState:
@@ -55,7 +55,8 @@ class KeptTenures(PooledTenures):
         # Whether a put of this call landed on a session whose renewal then came too
         # late: that tenure began (others may have seen it), and may have ended.
         landed_unconfirmed = False
-        deadline = time.monotonic() + self._client.timeout
+        started = time.monotonic()
+        deadline = started + self._client.timeout
         while True:
             if time.monotonic() > deadline:
                 raise BackendUnavailable(
@@ -83,7 +84,12 @@ class KeptTenures(PooledTenures):
                 .then(put(etcd_key, value, session.lease_id), get(etcd_key))
                 .otherwise(get(etcd_key))
             )
-            renewal = self._sessions.renewal(session)  # answered alongside the put
+            renewal = None
+            if session.kept.valid_until < started + session.ttl_s:
+                # Renewed before this call began: the TTL promised from then needs a
+                # renewal, answered alongside the put.
+                renewal = self._sessions.renewal(session)
+            sent_at = time.monotonic()
             try:
                 now = await self._cas(txn)
             except BackendError as exc:
@@ -93,7 +99,7 @@ class KeptTenures(PooledTenures):
                 continue
             except BaseException:
                 # The put may have landed, and nobody would hold the key: undo it.
-                self._background.start(self._settle_session_put(etcd_key, value, session))
+                self._settle_session_put(etcd_key, value, session, sent_at)
                 raise
             # The session lease is shared, by other keys and by other owners of this
             # process: the put landed if the key shows our value on it.
@@ -110,7 +116,7 @@ class KeptTenures(PooledTenures):
                     confirmed = await self._sessions.confirm(session, renewal, self._client.timeout)
                 except BaseException:
                     # The put landed, and nobody would hold the key: undo it.
-                    self._background.start(self._settle_session_put(etcd_key, value, session))
+                    self._settle_session_put(etcd_key, value, session, sent_at)
                     raise
                 if confirmed:
                     return self._session_tenure(owner, etcd_key, now, session)
@@ -127,15 +133,26 @@ class KeptTenures(PooledTenures):
         self._session_keepers[(etcd_key, kv.mod_revision)] = keeper
         return AcquireResult(True, owner, kv.mod_revision, session.ttl_s * 1000), keeper
 
-    async def _settle_session_put(self, etcd_key: bytes, value: bytes, session: Session) -> None:
-        """Delete the key an interrupted session put left behind, if it did and no hold
-        of this process has that tenure (the same owner may hold it twice here).
+    def _settle_session_put(
+        self, etcd_key: bytes, value: bytes, session: Session, sent_at: float
+    ) -> None:
+        self._background.start(self._delete_session_put(etcd_key, value, session, sent_at))
 
-        Read, never sent again: a copy sent now would create the key if it is free by
-        now (after its owner's next release, say), a tenure nobody asked for. Read
-        again a moment later: a cancelled copy may still be on its way to etcd.
+    async def _delete_session_put(
+        self, etcd_key: bytes, value: bytes, session: Session, sent_at: float
+    ) -> None:
+        """Delete the key an interrupted session put (sent at ``sent_at``) left behind,
+        if it did and no hold of this process has that tenure (the same owner may hold
+        it twice here), once the session's TTL from ``sent_at`` has passed.
+
+        Not sooner: others may have seen that tenure begin and acted on it, and the
+        tenure of an interrupted put on a lease of its own runs its TTL too (see
+        :meth:`_attach`). Read, never sent again: a copy sent now would create the key
+        if it is free by now (after its owner's next release, say), a tenure nobody
+        asked for. Read again a moment later: a cancelled copy may still be on its way.
         """
-        delays = list(_SETTLE_READS_S)
+        first = max(0.0, sent_at + session.ttl_s - time.monotonic())
+        delays = [first, *_READ_AGAIN_AFTER_S]
         while delays and not session.kept.lost.is_set():  # a lost session took the key
             await asyncio.sleep(delays[0])
             try:

@@ -13,9 +13,10 @@ What this means for a held key (see the README's "Guarantees"):
   as all leases of a process that stops answering would end anyway.
 - Its holder's deadline is the session's: the send time of the session's last
   answered renewal plus its TTL, never later than etcd's. A tenure starts only once
-  a renewal of the session requested with (or after) its put was answered in time
-  (:meth:`Sessions.confirm`): a session granted or renewed while etcd stalled may be
-  past its deadline by the time the put is answered.
+  its put was answered while the session lived, renewed for the TTL from the take's
+  start: granted or renewed since it began, or by a renewal requested with the put
+  and answered in time (:meth:`Sessions.confirm`). A session granted or renewed
+  while etcd stalled may be past its deadline by the time the put is answered.
 - A release deletes the key and leaves the lease to the others. Nothing revokes a
   session lease but its provider: when it is lost (so its keys are lost already),
   and when the provider closes.
@@ -102,10 +103,12 @@ class Sessions:
         return answer
 
     async def confirm(
-        self, session: Session, renewal: asyncio.Future[Renewal], timeout: float
+        self, session: Session, renewal: asyncio.Future[Renewal] | None, timeout: float
     ) -> bool:
-        """Whether ``session`` is live once ``renewal`` was answered: a tenure put on it
-        then counts from a renewal answered for it, never from an older one."""
+        """Whether ``session`` is live once ``renewal`` (if any) was answered: a tenure
+        put on it then counts from a renewal answered for it, never from an older one."""
+        if renewal is None:  # granted or renewed recently enough without one
+            return session.kept.remaining() > 0
         try:
             async with asyncio.timeout(timeout):
                 await asyncio.shield(renewal)  # shared: one waiter's timeout ends no other's
