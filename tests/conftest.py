@@ -467,6 +467,24 @@ class KeepAliveCall:
         return self._call.cancel()
 
 
+class HeldKeepAliveAnswers(KeepAliveCall):
+    """A keep-alive call whose answers wait while ``flowing`` is clear, as a member's do
+    when it stops answering keep-alives with its connection up."""
+
+    def __init__(
+        self,
+        call: grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse],
+        flowing: asyncio.Event,
+    ) -> None:
+        super().__init__(call)
+        self._flowing = flowing
+
+    async def read(self) -> object:
+        response = await self._call.read()
+        await self._flowing.wait()
+        return response
+
+
 # gRPC's own errors for a call whose stream broke (no etcd error text): seen in CI.
 BROKEN_STREAM_ERRORS = [
     (grpc.StatusCode.INTERNAL, "Received RST_STREAM with error code 2"),

@@ -615,11 +615,14 @@ async def test_five_thousand_leases_on_one_stream(
             lags.append(time.monotonic() - before - 0.01)
 
     prober = asyncio.create_task(probe())
+    round_trips: list[float] = []
+    client.keepalive_observers.append(round_trips.append)
     with cpu_hogs(hogs):
         sent, cpu, started = keeper.requests_sent, time.process_time(), time.monotonic()
         answered = keeper.answers_received
         await asyncio.sleep(duration)
         elapsed = time.monotonic() - started
+    client.keepalive_observers.remove(round_trips.append)
     rate = (keeper.requests_sent - sent) / elapsed
     answer_rate = (keeper.answers_received - answered) / elapsed
     cpu_share = (time.process_time() - cpu) / elapsed
@@ -627,11 +630,13 @@ async def test_five_thousand_leases_on_one_stream(
     await asyncio.wait([prober])
 
     lags.sort()  # shown before the checks, so a failure tells how far behind it was
+    round_trips.sort()
     print(
         f"\n{count} leases of {ttl_s} s: granted in {granted_in:.1f} s, the least time "
         f"left when kept {min(left_when_kept):.2f} s, {lost_while_granting} lost by then; "
         f"{rate:.0f} keep-alives/s sent (expected ~{count / (ttl_s / 3):.0f}), "
-        f"{answer_rate:.0f}/s answered; "
+        f"{answer_rate:.0f}/s answered, round trip p50 "
+        f"{round_trips[len(round_trips) // 2]:.2f} s, max {round_trips[-1]:.2f} s; "
         f"process CPU {cpu_share:.0%} of one core; "
         f"event-loop lag p50 {lags[len(lags) // 2] * 1000:.1f} ms, "
         f"max {lags[-1] * 1000:.1f} ms"

@@ -1,9 +1,10 @@
 """RenewalStream against a real etcd: what it sends, what it remembers, how it ends.
 
 The keep-alive loop relies on a stream for three things: each answer comes with the
-request it answers (its send time, and who waits for it); a renewal still queued is not
-queued twice, while one-shot renewals always are; and a stream that ends (by us, or by
-its member) says why once, and hands back the one-shots it never answered.
+request it answers (its send time, and who waits for it); a renewal still queued, or
+written and not answered, is not sent twice, while one-shot renewals always are; and a
+stream that ends (by us, or by its member) says why once, and hands back the one-shots
+it never answered.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from etcd_leases.etcd.renewal_stream import LANES, Inflight, Renewal, RenewalStr
 from etcd_leases.etcd.rpc_errors import is_no_leader
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import Records, enable_auth, eventually
+from tests.conftest import HeldKeepAliveAnswers, Records, enable_auth, eventually
 
 
 class Events:
@@ -175,6 +176,42 @@ async def test_a_queued_renewal_is_not_queued_twice_but_a_one_shot_always_is(
             None,
             first,
             second,
+            None,
+        ]
+    finally:
+        stream.end("the test is over", failed=False)
+        await stream.wait_ended()
+
+
+async def test_a_renewal_waiting_for_its_answer_is_not_sent_again(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The member is slow to answer: a renewal written and not answered yet is not
+    written again on its lane (it would be answered after the first, and a member
+    answering slower than renewals fall due would fall further behind with every
+    round). A one-shot still is: its caller waits for an answer of its own."""
+    (lease_id,) = await _granted(client)
+    flowing = asyncio.Event()
+    open_call = client.keep_alive_stream
+    monkeypatch.setattr(
+        client, "keep_alive_stream", lambda *args: HeldKeepAliveAnswers(open_call(*args), flowing)
+    )
+    events = Events()
+    stream = await _open(client, events)
+    one_shot: asyncio.Future[Renewal] = asyncio.get_running_loop().create_future()
+    try:
+        assert stream.send(lease_id, _request(lease_id), None)
+        await eventually(lambda: stream.outstanding == 1, "the renewal written")
+        assert not stream.send(lease_id, _request(lease_id), None)
+        assert stream.send(lease_id, _request(lease_id), one_shot)
+        await eventually(lambda: stream.outstanding == 2, "the one-shot written")
+        flowing.set()
+        await eventually(lambda: len(events.answers) == 2, "both answers")
+        assert stream.send(lease_id, _request(lease_id), None)  # answered: due again
+        await eventually(lambda: len(events.answers) == 3, "the next answer")
+        assert [inflight[1] if inflight else "?" for _, inflight, _ in events.answers] == [
+            None,
+            one_shot,
             None,
         ]
     finally:

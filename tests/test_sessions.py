@@ -28,7 +28,7 @@ from etcd_leases.etcd.lease_ids import is_session_lease
 from etcd_leases.etcd.session import Session
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import KeepAliveCall, etcd_error, settled, unique_prefix
+from tests.conftest import HeldKeepAliveAnswers, etcd_error, settled, unique_prefix
 
 
 async def leases_of(provider: EtcdLeaseProvider, prefix: str) -> set[int]:
@@ -757,24 +757,6 @@ async def test_a_tenure_given_up_is_not_deleted_under_a_hold_taking_it(
             assert not lease.lost.is_set(), lease.lost_reason
         finally:
             await holding.__aexit__(None, None, None)
-
-
-class HeldKeepAliveAnswers(KeepAliveCall):
-    """A keep-alive call whose answers wait while ``flowing`` is clear, as a member's do
-    when it stops answering keep-alives with its connection up."""
-
-    def __init__(
-        self,
-        call: grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse],
-        flowing: asyncio.Event,
-    ) -> None:
-        super().__init__(call)
-        self._flowing = flowing
-
-    async def read(self) -> object:
-        response = await self._call.read()
-        await self._flowing.wait()
-        return response
 
 
 async def test_a_take_whose_renewal_goes_unanswered_fails_in_the_client_timeout(
