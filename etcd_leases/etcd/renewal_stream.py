@@ -7,10 +7,10 @@ therefore never blocks its sender: requests go into a queue that a writer task o
 its own drains, writing as fast as gRPC takes them. The time each request is written
 (etcd cannot renew before it) is remembered until its answer. A lease whose renewal
 still waits on its lane, queued or for its answer, is not renewed twice there: the
-second would be answered after the first, and a slow writer or member would fall
-further behind with every round of duplicates (5,000 leases beside two CPU hogs
-were sent 3,800-4,200 renewals a second and answered 3,550-3,850, their answers ever
-later, until some came after their deadlines).
+second would be answered after the first, and a member answering slower than the
+renewals fall due would fall further behind with every round of duplicates (5,000
+leases of 3 s beside two CPU hogs: 3,600-4,300 renewals sent a second, 3,500-4,200
+answered).
 
 gRPC takes one message at a time per call, each a round trip through its polling
 thread: on a loaded host every round trip waits for both threads to get the CPU, so
