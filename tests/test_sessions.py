@@ -344,6 +344,7 @@ async def interrupted_hold(
     before_read: Callable[[int], Awaitable[None]],
     *,
     put_after_read: int = 0,
+    ttl_ms: int = 3000,
 ) -> asyncio.Event:
     """Cancel a hold of ``k`` by ``me`` whose put lands and is never answered, sent once
     the settlement has read the key ``put_after_read`` times (a copy still on its way).
@@ -379,16 +380,18 @@ async def interrupted_hold(
         return await original(index, path, request, response_type, deadline)
 
     background: set[asyncio.Task[None]] = set()  # the put, not cancelled with the hold
-    async with p.hold("warm", "me", 3000):  # the session exists already
+    async with p.hold("warm", "me", ttl_ms):  # the session exists already
         pass
     monkeypatch.setattr(client, "_attempt", attempt)
-    await hold_cancelled_when(p, sent)
+    await hold_cancelled_when(p, sent, ttl_ms)
     return landed
 
 
-async def hold_cancelled_when(p: EtcdLeaseProvider, event: asyncio.Event) -> None:
+async def hold_cancelled_when(
+    p: EtcdLeaseProvider, event: asyncio.Event, ttl_ms: int = 3000
+) -> None:
     """Start a hold of ``k`` by ``me`` and cancel it once ``event`` is set."""
-    hold = asyncio.create_task(p.hold("k", "me", 3000).__aenter__())
+    hold = asyncio.create_task(p.hold("k", "me", ttl_ms).__aenter__())
     await asyncio.wait_for(event.wait(), 5.0)
     hold.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -436,6 +439,24 @@ async def test_an_interrupted_hold_leaves_its_key_for_the_ttl_it_asked(
         assert await other.get_lease_owner("k") == "me"  # the tenure others can see
         await settled(p)
         assert reads and reads[0] >= begun + 3.0, f"read {reads[0] - begun:.2f} s after"
+        assert await other.get_lease_owner("k") is None
+
+
+async def test_closing_the_provider_ends_an_interrupted_holds_wait_for_its_ttl(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The provider closes while the settlement of an interrupted hold waits out its TTL
+    (60 s): the wait ends, closing leaves no task behind (it left the settlement
+    asleep, to fail on the closed client a minute later), and the key goes with the
+    session lease closing revokes."""
+    prefix = unique_prefix()
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as other:
+        p = EtcdLeaseProvider(etcd.endpoints, prefix=prefix)
+        landed = await interrupted_hold(p, monkeypatch, no_wait, ttl_ms=60_000)
+        await asyncio.wait_for(landed.wait(), 5.0)
+        assert await other.get_lease_owner("k") == "me"
+        await p.close()
+        assert not p._background._tasks, "a settlement outlived the provider"
         assert await other.get_lease_owner("k") is None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import suppress
 
 from etcd_leases.contract import AcquireResult, OwnerState, check_lease_call
 from etcd_leases.errors import BackendError, BackendUnavailable, LeaseError, LeaseLost
@@ -151,8 +152,11 @@ class KeptTenures(PooledTenures):
         if it is free by now (after its owner's next release, say), a tenure nobody
         asked for. Read again a moment later: a cancelled copy may still be on its way.
         """
-        first = max(0.0, sent_at + session.ttl_s - time.monotonic())
-        delays = [first, *_READ_AGAIN_AFTER_S]
+        with suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, sent_at + session.ttl_s - time.monotonic())):
+                await self._closing.wait()
+            return  # closing revokes the session lease, and the key with it
+        delays = [0.0, *_READ_AGAIN_AFTER_S]
         while delays and not session.kept.lost.is_set():  # a lost session took the key
             await asyncio.sleep(delays[0])
             try:

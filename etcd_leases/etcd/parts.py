@@ -93,6 +93,8 @@ class BackendParts:
         # Transactions that arrive together share one consensus round.
         self._batcher = TxnBatcher(self._client)
         self._background = BackgroundTasks()
+        # Set as the provider closes: work waiting for a later time stops waiting.
+        self._closing = asyncio.Event()
 
     async def close(self) -> None:
         """Close the connections; idempotent. Any call after it raises ProviderClosed.
@@ -100,6 +102,7 @@ class BackendParts:
         Held leases are lost (their keepers stop); waiters and watchers raise
         ProviderClosed.
         """
+        self._closing.set()
         await self._background.wait(self._client.timeout)
         if not self._client.closed:
             await asyncio.gather(self._sessions.close(), self._pool.close())
