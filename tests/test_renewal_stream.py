@@ -2,9 +2,9 @@
 
 The keep-alive loop relies on a stream for three things: each answer comes with the
 request it answers (its send time, and who waits for it); a renewal still queued, or
-written and not answered, is not sent twice, while one-shot renewals always are; and a
-stream that ends (by us, or by its member) says why once, and hands back the one-shots
-it never answered.
+written twice and not answered, is not sent again, while one-shot renewals always are;
+and a stream that ends (by us, or by its member) says why once, and hands back the
+one-shots it never answered.
 """
 
 from __future__ import annotations
@@ -183,13 +183,14 @@ async def test_a_queued_renewal_is_not_queued_twice_but_a_one_shot_always_is(
         await stream.wait_ended()
 
 
-async def test_a_renewal_waiting_for_its_answer_is_not_sent_again(
+async def test_a_lease_with_two_renewals_waiting_for_answers_gets_no_third(
     client: EtcdClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The member is slow to answer: a renewal written and not answered yet is not
-    written again on its lane (it would be answered after the first, and a member
-    answering slower than renewals fall due would fall further behind with every
-    round). A one-shot still is: its caller waits for an answer of its own."""
+    """The member is slow to answer: a lease whose lane waits for the answers of two of
+    its renewals is not sent a third there (a member answering slower than renewals
+    fall due would be sent a backlog growing as long as that lasts); two, so a round
+    trip of up to two renewal intervals still renews it in time. A one-shot always is
+    sent: its caller waits for an answer of its own."""
     (lease_id,) = await _granted(client)
     flowing = asyncio.Event()
     open_call = client.keep_alive_stream
@@ -201,15 +202,18 @@ async def test_a_renewal_waiting_for_its_answer_is_not_sent_again(
     one_shot: asyncio.Future[Renewal] = asyncio.get_running_loop().create_future()
     try:
         assert stream.send(lease_id, _request(lease_id), None)
-        await eventually(lambda: stream.outstanding == 1, "the renewal written")
+        await eventually(lambda: stream.outstanding == 1, "the first renewal written")
+        assert stream.send(lease_id, _request(lease_id), None)
+        await eventually(lambda: stream.outstanding == 2, "the second renewal written")
         assert not stream.send(lease_id, _request(lease_id), None)
         assert stream.send(lease_id, _request(lease_id), one_shot)
-        await eventually(lambda: stream.outstanding == 2, "the one-shot written")
+        await eventually(lambda: stream.outstanding == 3, "the one-shot written")
         flowing.set()
-        await eventually(lambda: len(events.answers) == 2, "both answers")
+        await eventually(lambda: len(events.answers) == 3, "the three answers")
         assert stream.send(lease_id, _request(lease_id), None)  # answered: due again
-        await eventually(lambda: len(events.answers) == 3, "the next answer")
+        await eventually(lambda: len(events.answers) == 4, "the next answer")
         assert [inflight[1] if inflight else "?" for _, inflight, _ in events.answers] == [
+            None,
             None,
             one_shot,
             None,

@@ -460,6 +460,96 @@ async def test_closing_the_provider_ends_an_interrupted_holds_wait_for_its_ttl(
         assert await other.get_lease_owner("k") is None
 
 
+def losing_put_answers(
+    p: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch, count: int
+) -> tuple[asyncio.Event, list[float]]:
+    """The first ``count`` puts of ``k`` land and their answers never come; set once each
+    landed (a test clears it between them), and the times deletes of ``k`` were sent."""
+    client, key = p.client, p.etcd_key("k")
+    original = client._attempt
+    landed, deleted_at = asyncio.Event(), []
+    lost = 0
+
+    async def attempt(
+        index: int, path: str, request: Message, response_type: type[Message], deadline: float
+    ) -> Message:
+        nonlocal lost
+        if path.endswith("/Txn") and puts(request, key) and lost < count:
+            lost += 1
+            await original(index, path, request, response_type, deadline)
+            landed.set()
+            await asyncio.sleep(60)  # its answer never comes: the hold is cancelled
+        if path.endswith("/Txn") and deletes(request, key):
+            deleted_at.append(time.monotonic())
+        return await original(index, path, request, response_type, deadline)
+
+    monkeypatch.setattr(client, "_attempt", attempt)
+    return landed, deleted_at
+
+
+async def test_a_later_interrupted_hold_of_the_key_puts_its_deletion_off(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two holds of the key by the same owner, interrupted 1.5 s apart, both puts landed
+    (the second a new tenure): the key is deleted only once the TTL (3 s) has passed
+    since the second put. (The first's settlement deleted it at the first's TTL: the
+    second tenure ended 1.5 s early.)"""
+    p = etcd_provider
+    async with p.hold("warm", "me", 3000):  # the session exists already
+        pass
+    landed, deleted_at = losing_put_answers(p, monkeypatch, 2)
+    await hold_cancelled_when(p, landed)
+    await asyncio.sleep(1.5)
+    landed.clear()
+    second = time.monotonic()
+    await hold_cancelled_when(p, landed)
+    await settled(p)
+    assert deleted_at and deleted_at[0] >= second + 3.0, f"{deleted_at[0] - second:.2f} s"
+    assert await p.client.range(p.etcd_key("k")) is None
+
+
+async def test_an_acquire_of_a_key_an_interrupted_hold_left_keeps_it_for_its_ttl(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1.5 s after a hold was interrupted, its owner acquires the key with
+    ``acquire_lease``: that renews the tenure the hold's put began (its token) for the
+    TTL from then, and the settlement deletes the key only once that has passed (it
+    deleted it at the hold's TTL, 1.5 s before the acquire's ran out)."""
+    p = etcd_provider
+    async with p.hold("warm", "me", 3000):  # the session exists already
+        pass
+    landed, deleted_at = losing_put_answers(p, monkeypatch, 1)
+    await hold_cancelled_when(p, landed)
+    kv = await p.client.range(p.etcd_key("k"))
+    assert kv is not None
+    await asyncio.sleep(1.5)
+    acquired_at = time.monotonic()
+    result = await p.acquire_lease("k", "me", 3000)
+    assert result.acquired and result.token == kv.mod_revision  # that very tenure
+    await settled(p)
+    assert deleted_at and deleted_at[0] >= acquired_at + 3.0, f"{deleted_at[0] - acquired_at:.2f}"
+    assert await p.client.range(p.etcd_key("k")) is None
+
+
+async def test_a_tenure_adopted_from_an_interrupted_hold_is_not_deleted_while_held(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner adopts the tenure an interrupted hold's put began: the settlement never
+    deletes it while the adopted hold has it (an adopted tenure on the session lease
+    was not registered as held: deleted, and the hold lost)."""
+    p = etcd_provider
+    async with p.hold("warm", "me", 3000):  # the session exists already
+        pass
+    landed, deleted_at = losing_put_answers(p, monkeypatch, 1)
+    await hold_cancelled_when(p, landed)
+    async with p.adopt("k", "me", 3000) as held:
+        await settled(p)  # the settlement is over
+        assert not held.lost.is_set(), held.lost_reason
+        kv = await p.client.range(p.etcd_key("k"))
+        assert kv is not None and kv.mod_revision == held.token
+    assert deleted_at  # by the adopted hold's release
+
+
 async def test_a_settlement_reads_again_while_etcd_is_unreachable(
     etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,13 +1,15 @@
 """Tenures kept from the start: ``hold``'s keys on the session lease, and adopted ones.
 
 A key put on this process's session lease shares that lease's renewals with every
-other held key (see :mod:`.session`); an interrupted put is undone once the TTL it
-asked for has passed, unless a hold of this process has the tenure it began.
+other held key (see :mod:`.session`); an interrupted put is undone once its TTL has
+passed (and that of every tenure of the key reported since), unless a hold of this
+process has the tenure it began.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from contextlib import suppress
 
@@ -137,40 +139,55 @@ class KeptTenures(PooledTenures):
     def _settle_session_put(
         self, etcd_key: bytes, value: bytes, session: Session, sent_at: float
     ) -> None:
-        self._background.start(self._delete_session_put(etcd_key, value, session, sent_at))
+        until = max(self._unsettled_until.get(etcd_key, 0.0), sent_at + session.ttl_s)
+        self._unsettled_until[etcd_key] = until
+        self._background.start(self._delete_session_put(etcd_key, value, session))
 
-    async def _delete_session_put(
-        self, etcd_key: bytes, value: bytes, session: Session, sent_at: float
-    ) -> None:
-        """Delete the key an interrupted session put (sent at ``sent_at``) left behind,
-        if it did and no hold of this process has that tenure (the same owner may hold
-        it twice here), once the session's TTL from ``sent_at`` has passed.
+    async def _delete_session_put(self, etcd_key: bytes, value: bytes, session: Session) -> None:
+        """Delete the key an interrupted session put left behind, if it did and no hold
+        of this process has that tenure (the same owner may hold it twice here), once
+        the session's TTL has passed since the put was sent, and since every tenure
+        of the key this process reported after it (``_unsettled_until``).
 
         Not sooner: others may have seen that tenure begin and acted on it, and the
         tenure of an interrupted put on a lease of its own runs its TTL too (see
-        :meth:`_attach`). Read, never sent again: a copy sent now would create the key
-        if it is free by now (after its owner's next release, say), a tenure nobody
-        asked for. Read again a moment later: a cancelled copy may still be on its way.
+        :meth:`_attach`). Closing the provider ends the wait: it revokes the session
+        lease, ending that tenure with every other it holds. Read, never sent again: a
+        copy sent now would create the key if it is free by now (after its owner's next
+        release, say), a tenure nobody asked for. Read again a moment later: a
+        cancelled copy may still be on its way.
         """
-        with suppress(TimeoutError):
-            async with asyncio.timeout(max(0.0, sent_at + session.ttl_s - time.monotonic())):
-                await self._closing.wait()
-            return  # closing revokes the session lease, and the key with it
-        delays = [0.0, *_READ_AGAIN_AFTER_S]
-        while delays and not session.kept.lost.is_set():  # a lost session took the key
-            await asyncio.sleep(delays[0])
-            try:
-                async with self._key_locks.lock(etcd_key):
-                    kv = await self._client.range(etcd_key)
-                    if kv is not None and kv.lease == session.lease_id and kv.value == value:
-                        await self._delete_unheld(etcd_key, kv.mod_revision)
-                        return
-            except BackendUnavailable:
-                delays[0] = 1.0  # the session lives on, so would the key: read again
-                continue
-            except LeaseError:
-                return
-            delays.pop(0)
+        try:
+            delays = [0.0, *_READ_AGAIN_AFTER_S]
+            while delays and not session.kept.lost.is_set():  # a lost session took the key
+                await asyncio.sleep(delays[0])
+                if not await self._unsettled_time_passed(etcd_key):
+                    return  # closing revokes the session lease, and the key with it
+                try:
+                    async with self._key_locks.lock(etcd_key):
+                        kv = await self._client.range(etcd_key)
+                        if kv is not None and kv.lease == session.lease_id and kv.value == value:
+                            await self._delete_unheld(etcd_key, kv.mod_revision)
+                            return
+                except BackendUnavailable:
+                    delays[0] = 1.0  # the session lives on, so would the key: read again
+                    continue
+                except LeaseError:
+                    return
+                delays.pop(0)
+        finally:
+            if self._unsettled_until.get(etcd_key, math.inf) <= time.monotonic():
+                del self._unsettled_until[etcd_key]
+
+    async def _unsettled_time_passed(self, etcd_key: bytes) -> bool:
+        """Wait until ``_unsettled_until`` of ``etcd_key`` has passed (it may move
+        later meanwhile); ``False`` if the provider closes first."""
+        while (until := self._unsettled_until.get(etcd_key, 0.0)) > time.monotonic():
+            with suppress(TimeoutError):
+                async with asyncio.timeout(until - time.monotonic()):
+                    await self._closing.wait()
+                return False
+        return True
 
     async def keep_lease(
         self, key: str, owner: str, token: int, ttl_ms: int, valid_until: float
@@ -183,7 +200,10 @@ class KeptTenures(PooledTenures):
             raise LeaseLost(f"{owner!r} no longer holds {key!r} with token {token}")
         shared = self._sessions.is_session(kv.lease)
         kept = self._keepalive.keep(kv.lease, ttl_seconds(ttl_ms), valid_until)
-        return self._keeper(etcd_key, kept, revision + 1, shared=shared)
+        keeper = self._keeper(etcd_key, kept, revision + 1, shared=shared)
+        if shared:  # a tenure on our session a hold of this process now has
+            self._session_keepers[(etcd_key, token)] = keeper
+        return keeper
 
     def _keeper(
         self, etcd_key: bytes, kept: KeptLease, watch_from: int, *, shared: bool

@@ -85,6 +85,9 @@ class BackendParts:
         )
         # A take of a key and a settlement that may delete it, one at a time per key.
         self._key_locks = KeyLocks()
+        # Keys an interrupted hold may have left on a session lease: no settlement deletes
+        # one before this time, when every tenure reported on it since has run its TTL.
+        self._unsettled_until: dict[bytes, float] = {}
         self._sessions = Sessions(
             self._client, self._keepalive, lambda ttl_s: self._grant(ttl_s, session=True)
         )

@@ -9,6 +9,7 @@ answers and, when the last copy failed, from the key's history.
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import suppress
 from dataclasses import dataclass, replace
 
@@ -229,6 +230,9 @@ class PooledTenures(TxnCopies):
             if grant.ttl_s != granted:
                 return await self._move(etcd_key, kv, value, ttl_ms, started, grant)
             self._pool.put_back(grant)
+        if etcd_key in self._unsettled_until:  # maybe this very tenure: not deleted early
+            until = max(self._unsettled_until[etcd_key], time.monotonic() + granted)
+            self._unsettled_until[etcd_key] = until
         return Tenure(kv.mod_revision, granted * 1000)
 
     async def _move(

@@ -6,11 +6,11 @@ every later request of the stream behind the stuck one. A :class:`RenewalStream`
 therefore never blocks its sender: requests go into a queue that a writer task of
 its own drains, writing as fast as gRPC takes them. The time each request is written
 (etcd cannot renew before it) is remembered until its answer. A lease whose renewal
-still waits on its lane, queued or for its answer, is not renewed twice there: the
-second would be answered after the first, and a member answering slower than the
-renewals fall due would fall further behind with every round of duplicates (5,000
-leases of 3 s beside two CPU hogs: 3,600-4,300 renewals sent a second, 3,500-4,200
-answered).
+is still queued on its lane is not queued twice, and one with two renewals waiting
+there for their answers gets no third: a member answering slower than the renewals
+fall due would be sent a backlog growing for as long as that lasts. Two, not one: the
+keep-alive loop renews every third of the TTL, answered or not, so a lease survives
+round trips of up to two thirds of its TTL (with one, a third).
 
 gRPC takes one message at a time per call, each a round trip through its polling
 thread: on a loaded host every round trip waits for both threads to get the CPU, so
@@ -59,6 +59,8 @@ _log = logging.getLogger("etcd_leases.etcd.keepalive")
 _YIELD_EVERY = 256
 # The most gRPC calls a stream spreads its leases over.
 LANES = 32
+# The most renewals of one lease a lane waits on the answers of (see above).
+_INFLIGHT_PER_LEASE = 2
 # Requests waiting on a lane (queued, or written and not answered) past which the
 # stream opens another lane.
 _BUSY = 32
@@ -183,7 +185,7 @@ class RenewalStream:
     ) -> bool:
         """Queue ``request`` (a renewal of a lease, or a one-shot whose ``answer`` waits);
         whether it was queued (not when the stream ended, or a renewal of the lease
-        still waits on its lane, queued or for its answer)."""
+        is still queued on its lane, or two wait there for their answers)."""
         if self.ended:
             return False
         lane = self._lane(lease_id % self._spread)
@@ -191,9 +193,10 @@ class RenewalStream:
             self._spread += 1
             lane = self._lane(lease_id % self._spread)
         if answer is None:
-            # Answered in order, another would only be answered after the one waiting:
-            # a member answering slower than renewals fall due would fall further behind.
-            if lease_id in lane.queued_renewals or lease_id in lane.inflight:
+            if (
+                lease_id in lane.queued_renewals
+                or len(lane.inflight.get(lease_id, ())) >= _INFLIGHT_PER_LEASE
+            ):
                 return False
             lane.queued_renewals.add(lease_id)
         lane.queue.append((lease_id, request, answer))
