@@ -623,10 +623,10 @@ async def test_holds_taken_at_once_by_a_fresh_provider_share_one_session_and_ren
     etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fifty holds started together, before any session exists: one session lease is
-    granted (the others wait for it), and the takes begun after its grant was sent
-    share one renewal of it (a keep-alive message, not one per key). Once answered, it
-    counts from after every take began: none asks for another (each did when the
-    shared one was answered before it looked, 10 renewals seen under load)."""
+    granted (the others wait for it), and the takes share one renewal of it (a
+    keep-alive message, not one per key): its first. Once answered, it counts from
+    after every take began: none asks for another (each did when the shared one was
+    answered before it looked, 10 renewals seen under load)."""
     requested = renewals_requested(etcd_provider, monkeypatch)
     session = await hold_fifty_at_once(etcd_provider)
     assert requested == [session]

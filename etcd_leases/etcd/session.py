@@ -14,8 +14,9 @@ What this means for a held key (see the README's "Guarantees"):
 - Its holder's deadline is the session's: the send time of the session's last
   answered renewal plus its TTL, never later than etcd's. A tenure starts only once
   its put was answered while the session lived, renewed for the TTL from the take's
-  start: granted or renewed since it began, or by a renewal requested with the put
-  and answered in time (:meth:`Sessions.confirm`). A session granted or renewed
+  start: renewed since it began, or by a renewal requested with the put and answered
+  in time (:meth:`Sessions.confirm`). A session never renewed yet is renewed by its
+  first take. A session granted or renewed
   while etcd stalled may be past its deadline by the time the put is answered.
 - A release deletes the key and leaves the lease to the others. Nothing revokes a
   session lease but its provider: when it is lost (so its keys are lost already),
@@ -41,11 +42,13 @@ from etcd_leases.etcd.tasks import BackgroundTasks
 
 @dataclass(frozen=True)
 class Session:
-    """One session lease: its ID, the TTL etcd granted (s), and its renewal state."""
+    """One session lease: its ID, the TTL etcd granted (s), its renewal state, and how
+    long its grant vouched for it (``time.monotonic()``)."""
 
     lease_id: int
     ttl_s: int
     kept: KeptLease
+    granted_until: float
 
 
 class Sessions:
@@ -85,7 +88,7 @@ class Sessions:
             grant = await self._grant(ttl_s)
             self._ids.add(grant.lease_id)
             kept = self._keepalive.keep(grant.lease_id, grant.ttl_s, grant.valid_until)
-            session = Session(grant.lease_id, grant.ttl_s, kept)
+            session = Session(grant.lease_id, grant.ttl_s, kept, grant.valid_until)
             kept.add_loss_callback(lambda _: self._ended(ttl_s, session))
             self._sessions[ttl_s] = session
             return session
