@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -639,7 +641,8 @@ async def test_five_thousand_leases_on_one_stream(
         f"{round_trips[len(round_trips) // 2]:.2f} s, max {round_trips[-1]:.2f} s; "
         f"process CPU {cpu_share:.0%} of one core; "
         f"event-loop lag p50 {lags[len(lags) // 2] * 1000:.1f} ms, "
-        f"max {lags[-1] * 1000:.1f} ms"
+        f"max {lags[-1] * 1000:.1f} ms; host load {os.getloadavg()[0]:.1f}, this process "
+        f"{threading.active_count()} threads, {len(os.listdir('/proc/self/fd'))} open files"
     )
     lost = [kept.lost_reason for kept in leases if kept.lost.is_set()]
     assert not lost, f"{len(lost)} leases lost: {set(lost)}"
