@@ -330,6 +330,29 @@ async def test_silence_is_counted_from_the_first_lease_kept_after_none(
         assert len(silences) == 1 and 1.0 <= silences[0] < 4.0, silences
 
 
+async def test_a_member_silent_before_its_first_answer_is_warned_of_before_the_loss(
+    etcd_binary: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The member freezes before the loop's streams were ever answered: the round is
+    never answered, so it never ends (it opens more streams instead), and the silence
+    is warned of before the lease is lost (the warning came only when a round ended:
+    the lease was lost unannounced)."""
+    caplog.set_level(logging.WARNING, logger="etcd_leases")
+    async with lone_keeper(etcd_binary) as (etcd, client, keeper):
+        lease_id = new_lease_id()
+        sent = time.monotonic()
+        granted = await client.grant(3, lease_id)
+        etcd.members[0].pause()
+        try:
+            kept = keeper.keep(lease_id, granted, sent + granted)
+            await asyncio.wait_for(kept.lost.wait(), 10)
+        finally:
+            etcd.members[0].resume()
+        silences = silences_warned(caplog)
+        assert keeper.answers_received == 0  # no stream of the loop was ever answered
+        assert len(silences) == 1 and 1.0 <= silences[0] < 3.0, silences
+
+
 async def test_a_down_member_is_tried_again_with_backoff(
     etcd_binary: str, caplog: pytest.LogCaptureFixture
 ) -> None:

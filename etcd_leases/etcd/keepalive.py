@@ -238,7 +238,7 @@ class KeepAliveLoop:
             self._silence_logged = True
             _log.warning(
                 "etcd has answered no keep-alive for %.1f s, more than a renewal interval; "
-                "%d lease(s) at risk (the last streams ended: %s)",
+                "%d lease(s) at risk (%s)",
                 silence,
                 len(self._schedule),
                 reason,
@@ -324,7 +324,7 @@ class KeepAliveLoop:
                 self._shut(PROVIDER_CLOSED)
                 return
             _log.info("etcd keep-alive streams ended (%s); opening new ones", reason)
-            self._log_silence(reason)
+            self._log_silence(f"the last streams ended: {reason}")
             if answered:
                 backoff.reset()
             else:
@@ -368,6 +368,8 @@ class KeepAliveLoop:
             if self._widen:
                 self._widen = False
                 if not round_.answered:
+                    # A round nobody answers never ends: warn from here too.
+                    self._log_silence("no member has answered the streams open; opening more")
                     await round_.open(login_timeout=_LOGIN_TIMEOUT_S)
                     self._schedule.renew_all_now()
                     self._watchdog.arm(self._watchdog.widen_at(round_))

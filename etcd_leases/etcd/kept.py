@@ -93,10 +93,8 @@ class KeptTenures(PooledTenures):
                 or session.kept.valid_until <= session.granted_until
             ):
                 # Renewed before this call began: the TTL promised from then needs a
-                # renewal, answered alongside the put. Or never renewed: that renewal
-                # also opens the keep-alive stream and sees it answered, so a member
-                # silent from then on is seen (and logged) as a stall before the
-                # session's deadline (without it, 3 runs of 6 lost it unlogged).
+                # renewal, answered alongside the put. Or never renewed: the first
+                # tenure on it then starts with its keep-alive stream seen answered.
                 renewal = self._sessions.renewal(session)
             sent_at = time.monotonic()
             try:
