@@ -143,8 +143,7 @@ class KeptTenures(PooledTenures):
     def _settle_session_put(
         self, etcd_key: bytes, value: bytes, session: Session, sent_at: float
     ) -> None:
-        until = max(self._unsettled_until.get(etcd_key, 0.0), sent_at + session.ttl_s)
-        self._unsettled_until[etcd_key] = until
+        self._settle_not_before(etcd_key, sent_at + session.ttl_s)
         self._background.start(self._delete_session_put(etcd_key, value, session))
 
     async def _delete_session_put(self, etcd_key: bytes, value: bytes, session: Session) -> None:

@@ -231,9 +231,12 @@ class PooledTenures(TxnCopies):
                 return await self._move(etcd_key, kv, value, ttl_ms, started, grant)
             self._pool.put_back(grant)
         if etcd_key in self._unsettled_until:  # maybe this very tenure: not deleted early
-            until = max(self._unsettled_until[etcd_key], time.monotonic() + granted)
-            self._unsettled_until[etcd_key] = until
+            self._settle_not_before(etcd_key, time.monotonic() + granted)
         return Tenure(kv.mod_revision, granted * 1000)
+
+    def _settle_not_before(self, etcd_key: bytes, until: float) -> None:
+        """No settlement of an interrupted hold deletes ``etcd_key`` before ``until``."""
+        self._unsettled_until[etcd_key] = max(self._unsettled_until.get(etcd_key, 0.0), until)
 
     async def _move(
         self,

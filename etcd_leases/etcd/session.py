@@ -16,8 +16,8 @@ What this means for a held key (see the README's "Guarantees"):
   its put was answered while the session lived, renewed for the TTL from the take's
   start: renewed since it began, or by a renewal requested with the put and answered
   in time (:meth:`Sessions.confirm`). A session never renewed yet is renewed by its
-  first take. A session granted or renewed
-  while etcd stalled may be past its deadline by the time the put is answered.
+  first take. A session granted or renewed while etcd stalled may be past its
+  deadline by the time the put is answered.
 - A release deletes the key and leaves the lease to the others. Nothing revokes a
   session lease but its provider: when it is lost (so its keys are lost already),
   and when the provider closes.
@@ -110,7 +110,7 @@ class Sessions:
     ) -> bool:
         """Whether ``session`` is live once ``renewal`` (if any) was answered: a tenure
         put on it then counts from a renewal answered for it, never from an older one."""
-        if renewal is None:  # granted or renewed recently enough without one
+        if renewal is None:  # renewed since the take began: none needed
             return session.kept.remaining() > 0
         try:
             async with asyncio.timeout(timeout):
