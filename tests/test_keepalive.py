@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import os
 import re
 import threading
@@ -26,9 +27,10 @@ from etcd_leases.etcd.kept_lease import (
     KeptLease,
 )
 from etcd_leases.etcd.lease_ids import new_lease_id
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster, EtcdMember
 from etcd_leases.testing.load import cpu_hogs
-from tests.conftest import Records, enable_auth, eventually
+from tests.conftest import KeepAliveCall, Records, enable_auth, eventually
 
 CLOSED = r"^the provider is closed$"
 
@@ -571,6 +573,46 @@ async def test_the_stream_moves_off_a_frozen_or_killed_member(etcd_cluster: Etcd
     finally:
         await keeper.close()
         await client.close()
+
+
+async def test_a_renewal_that_waited_to_be_written_puts_the_next_off_from_its_write(
+    client: EtcdClient, keeper: KeepAliveLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease is due again an interval after its renewal was written, not after it was
+    queued: when the streams write slower than renewals fall due, renewals are asked
+    for no faster than they are written. Counted from the queueing, a renewal that
+    waited came due again sooner, and one found still queued was passed over for a
+    whole interval more: 5,000 leases beside CPU hogs went past their TTL between
+    renewals with the streams writing half again what they needed."""
+    blocker = new_lease_id()
+    await client.grant(10, blocker)
+    writes: list[float] = []  # when each renewal of the kept lease was written
+    blocked_until = math.inf
+
+    class BlockedLane(KeepAliveCall):
+        """The one-shot renewal of ``blocker`` holds up its lane until ``blocked_until``."""
+
+        async def write(self, request: pb.LeaseKeepAliveRequest) -> None:
+            if blocker == request.ID:
+                await asyncio.sleep(blocked_until - time.monotonic())
+            else:
+                writes.append(time.monotonic())
+            await self._call.write(request)
+
+    open_call = client.keep_alive_stream
+    monkeypatch.setattr(client, "keep_alive_stream", lambda *args: BlockedLane(open_call(*args)))
+    kept = await keep_new(client, keeper, 6)  # renewed every 2 s; the stall limit: 2 s
+    await eventually(lambda: keeper.answers_received >= 1, "the first renewal answered")
+    # Next due 2 s after its first write: block the lane from 1 s before that to 0.6 s
+    # after (1.6 s, under the stall limit), so the renewal waits 0.6 s to be written.
+    await asyncio.sleep(writes[0] + 1.0 - time.monotonic())
+    blocked_until = writes[0] + 2.6
+    await keeper.renew_once(blocker, timeout=5)
+    await eventually(lambda: len(writes) >= 3, "the renewal after the delayed one", timeout=5)
+    delayed, following = writes[1], writes[2]
+    assert delayed >= blocked_until
+    assert following - delayed >= kept._interval - 0.05
+    assert not kept.lost.is_set()
 
 
 async def test_many_leases_are_renewed_over_several_calls(

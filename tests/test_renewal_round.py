@@ -27,16 +27,20 @@ class Events:
 
     def __init__(self) -> None:
         self.answers: list[tuple[pb.LeaseKeepAliveResponse, Inflight | None]] = []
+        self.sent: list[tuple[int, float]] = []
         self.ended: list[RenewalStream] = []
 
     def on_answer(self, response: pb.LeaseKeepAliveResponse, inflight: Inflight | None) -> None:
         self.answers.append((response, inflight))
 
+    def on_sent(self, lease_id: int, sent_at: float) -> None:
+        self.sent.append((lease_id, sent_at))
+
     def on_end(self, stream: RenewalStream) -> None:
         self.ended.append(stream)
 
     def round(self, client: EtcdClient) -> RenewalRound:
-        return RenewalRound(client, self.on_answer, lambda stream: None, self.on_end)
+        return RenewalRound(client, self.on_answer, self.on_sent, lambda stream: None, self.on_end)
 
 
 async def _end_all(round_: RenewalRound, client: EtcdClient, *frozen: EtcdMember) -> None:
@@ -173,6 +177,28 @@ async def test_a_widened_round_sends_the_waiting_one_shots_on_its_new_streams(
             assert all(inflight and inflight[1] is waiting for _, inflight in events.answers)
         finally:
             await _end_all(round_, client, etcd.members[0])
+
+
+async def test_writes_are_reported_once_a_member_answered_the_round(client: EtcdClient) -> None:
+    """The keep-alive loop puts a lease's next renewal off an interval from each write
+    reported: a write to a member that may never read it (before the round's first
+    answer, say to a frozen one) must not put off the renewal a widened round sends."""
+    events = Events()
+    round_ = events.round(client)
+    try:
+        lease_id = await _granted(client)
+        assert await round_.open(login_timeout=5.0) is None
+        assert round_.send(lease_id, _request(lease_id), None) == 1
+        await eventually(lambda: round_.answered, "an answer")
+        assert events.sent == []  # written before the round's first answer
+        before = time.monotonic()
+        assert round_.send(lease_id, _request(lease_id), None) == 1
+        await eventually(lambda: len(events.answers) == 2, "the second answer")
+        _, inflight = events.answers[1]
+        assert inflight is not None and before <= inflight[0]
+        assert events.sent == [(lease_id, inflight[0])]
+    finally:
+        await _end_all(round_, client)
 
 
 async def test_closing_a_widened_round_ends_its_first_streams_too(client: EtcdClient) -> None:

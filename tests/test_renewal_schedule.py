@@ -82,6 +82,29 @@ def test_renewals_come_out_when_due_earliest_first_and_due_at_now_is_due() -> No
     assert schedule.pop_due(40.0) is early
 
 
+def test_a_renewal_is_due_again_an_interval_after_it_was_written() -> None:
+    # Queued at +10 and +11 (due again a 1 s interval after queueing) but written only
+    # at +10.6: due at +11.6, not sooner; a write reported late never brings it
+    # forward, nor one of a lease not kept; a new round makes it due at once again.
+    now = time.monotonic()
+    schedule = RenewalSchedule()
+    kept = _kept(1, ttl_s=3)
+    schedule.add(kept, now + 10)
+    assert schedule.pop_due(now + 10) is kept
+    schedule.renew_again_at(kept, now + 11)
+    schedule.sent(1, now + 10.6)
+    schedule.sent(1, now + 9)
+    schedule.sent(2, now + 20)
+    assert schedule.pop_due(now + 11.5) is None
+    assert schedule.next_renewal_at() == now + 11.6
+    assert schedule.pop_due(now + 11.6) is kept
+    schedule.renew_again_at(kept, now + 12.6)
+    schedule.sent(1, now + 12)
+    schedule.renew_all_now()
+    assert schedule.pop_due(time.monotonic()) is kept
+    assert schedule.pop_due(now + 20) is None  # one entry, not one per report
+
+
 def test_a_released_lease_is_skipped_when_its_renewal_comes_up() -> None:
     schedule = RenewalSchedule()
     released, kept = _kept(1), _kept(2)

@@ -28,6 +28,7 @@ class Events:
 
     def __init__(self) -> None:
         self.answers: list[tuple[pb.LeaseKeepAliveResponse, Inflight | None, float]] = []
+        self.sent: list[tuple[int, float]] = []
         self.waiting: list[float] = []
         self.ended: list[RenewalStream] = []
 
@@ -35,6 +36,9 @@ class Events:
         self, stream: RenewalStream, response: pb.LeaseKeepAliveResponse, inflight: Inflight | None
     ) -> None:
         self.answers.append((response, inflight, time.monotonic()))
+
+    def on_sent(self, stream: RenewalStream, lease_id: int, sent_at: float) -> None:
+        self.sent.append((lease_id, sent_at))
 
     def on_waiting(self, stream: RenewalStream) -> None:
         self.waiting.append(time.monotonic())
@@ -45,7 +49,13 @@ class Events:
 
 async def _open(client: EtcdClient, events: Events, endpoint: int = 0) -> RenewalStream:
     stream = await RenewalStream.open(
-        client, endpoint, events.on_answer, events.on_waiting, events.on_end, login_timeout=5.0
+        client,
+        endpoint,
+        events.on_answer,
+        events.on_sent,
+        events.on_waiting,
+        events.on_end,
+        login_timeout=5.0,
     )
     assert isinstance(stream, RenewalStream), stream
     return stream
@@ -82,6 +92,10 @@ async def test_each_answer_comes_with_the_request_it_answers(client: EtcdClient)
             sent_at, _ = inflight
             assert before <= sent_at <= answered_at
             assert response.TTL == 10
+        # Each write reported as it was made, with the send time its answer came with.
+        assert sorted(events.sent) == sorted(
+            (r.ID, inflight[0]) for r, inflight, _ in events.answers if inflight
+        )
         # The first lease's two requests, each answered as itself: the renewal, and the
         # one-shot (on another lane if one opened between them).
         firsts = [inflight for r, inflight, _ in events.answers if lease_ids[0] == r.ID]
@@ -294,7 +308,7 @@ async def test_an_answer_handler_that_raises_ends_the_stream_and_is_logged(
         raise RuntimeError("a bug in the handler")
 
     stream = await RenewalStream.open(
-        client, 0, on_answer, lambda s: None, ended.append, login_timeout=5.0
+        client, 0, on_answer, lambda s, i, t: None, lambda s: None, ended.append, login_timeout=5.0
     )
     assert isinstance(stream, RenewalStream)
     stream.send(lease_id, _request(lease_id), None)
@@ -340,7 +354,13 @@ async def test_a_member_that_never_answers_the_login_is_given_up(etcd_binary: st
         try:
             events = Events()
             opened = await RenewalStream.open(
-                client, 0, events.on_answer, events.on_waiting, events.on_end, login_timeout=0.5
+                client,
+                0,
+                events.on_answer,
+                events.on_sent,
+                events.on_waiting,
+                events.on_end,
+                login_timeout=0.5,
             )
             assert opened == "no login answer in 0.50 s"
         finally:
@@ -361,7 +381,13 @@ async def test_a_login_cut_short_by_the_client_closing_is_a_reason_not_an_error(
             events = Events()
             opening = asyncio.create_task(
                 RenewalStream.open(
-                    client, 0, events.on_answer, events.on_waiting, events.on_end, login_timeout=30
+                    client,
+                    0,
+                    events.on_answer,
+                    events.on_sent,
+                    events.on_waiting,
+                    events.on_end,
+                    login_timeout=30,
                 )
             )
             await asyncio.sleep(0)  # its first step: up to the login call, then waits

@@ -85,7 +85,9 @@ async def test_an_unanswered_round_is_widened_when_due_and_not_before(client: Et
     # A 15 s TTL makes the stall limit 5 s, so the round is due for widening 1.25 s
     # after it opened; the watchdog looks at it (and at its streams) well before then.
     calls = Calls()
-    round_ = RenewalRound(client, lambda response, inflight: None, lambda s: None, lambda s: None)
+    round_ = RenewalRound(
+        client, lambda response, inflight: None, lambda i, t: None, lambda s: None, lambda s: None
+    )
     watchdog = _watchdog(_schedule(KeptLease(1, 15, time.monotonic() + 60)), calls, round_)
     assert await round_.open(login_timeout=5.0) is None
     try:

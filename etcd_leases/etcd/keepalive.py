@@ -276,6 +276,9 @@ class KeepAliveLoop:
         elif sent_at is not None:
             kept.valid_until = max(kept.valid_until, sent_at + response.TTL)
 
+    def _on_sent(self, lease_id: int, sent_at: float) -> None:
+        self._schedule.sent(lease_id, sent_at)
+
     def _on_waiting(self, stream: RenewalStream) -> None:
         self._watchdog.arm(stream.progress_at + self._watchdog.stall_after())
 
@@ -339,7 +342,9 @@ class KeepAliveLoop:
     async def _renew_in_a_round(self) -> tuple[bool, str]:
         """Open a round of streams, renew over them until all ended; whether a member
         answered, and why the round ended."""
-        round_ = RenewalRound(self._client, self._on_answer, self._on_waiting, self._on_end)
+        round_ = RenewalRound(
+            self._client, self._on_answer, self._on_sent, self._on_waiting, self._on_end
+        )
         cannot_open = await round_.open(login_timeout=_LOGIN_TIMEOUT_S)
         if self._closed:
             await round_.close("the loop closed")
@@ -386,8 +391,9 @@ class KeepAliveLoop:
                 if sent_at >= kept.valid_until:
                     self._lose(kept, DEADLINE_PASSED)
                     continue
-                # Scheduled from the send, answered or not: an unanswered lease is
-                # retried at the same pace until its deadline.
+                # Due again an interval after it is written (see RenewalSchedule.sent),
+                # and after now if it never is; answered or not: an unanswered lease
+                # is retried at the same pace until its deadline.
                 self._schedule.renew_again_at(kept, sent_at + kept._interval)
                 self._requests_sent += round_.send(kept.lease_id, kept._request, None)
                 sent += 1

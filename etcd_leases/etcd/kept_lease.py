@@ -52,6 +52,7 @@ class KeptLease:
     __slots__ = (
         "_callbacks",
         "_interval",
+        "_renew_at",
         "_request",
         "_tracked",
         "lease_id",
@@ -72,6 +73,8 @@ class KeptLease:
         # True while its loop renews it: neither released nor lost.
         self._tracked = True
         self._interval = max(ttl_s / 3, MIN_INTERVAL_S)
+        # When its loop renews it next (kept by its RenewalSchedule).
+        self._renew_at = 0.0
         # Built once: a lease is renewed thousands of times.
         self._request = pb.LeaseKeepAliveRequest(ID=lease_id)
 

@@ -35,6 +35,7 @@ from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 __all__ = ["RenewalRound"]
 
 AnswerHandler = Callable[[pb.LeaseKeepAliveResponse, Inflight | None], None]
+SentHandler = Callable[[int, float], None]
 StreamHandler = Callable[[RenewalStream], None]
 
 
@@ -45,13 +46,17 @@ class RenewalRound:
         self,
         client: EtcdClient,
         on_answer: AnswerHandler,
+        on_sent: SentHandler,
         on_waiting: StreamHandler,
         on_end: StreamHandler,
     ) -> None:
-        """``on_answer(response, inflight)`` runs for every answer, ``on_waiting(stream)``
+        """``on_answer(response, inflight)`` runs for every answer; ``on_sent(lease_id,
+        sent_at)`` for every request written once a member answered (the requests of
+        a round not answered yet may sit unread on a frozen member); ``on_waiting(stream)``
         when a stream may start to stall, ``on_end(stream)`` when one has ended."""
         self._client = client
         self._on_answer = on_answer
+        self._on_sent = on_sent
         self._on_waiting = on_waiting
         self._on_end = on_end
         # The streams still open: one per member until one answers.
@@ -77,6 +82,7 @@ class RenewalRound:
                     self._client,
                     index,
                     self._answer,
+                    self._sent,
                     self._on_waiting,
                     self._ended,
                     login_timeout=login_timeout,
@@ -166,6 +172,10 @@ class RenewalRound:
                     other.end("another member answered first", failed=False)
             self._client.members.answered(stream.endpoint)
         self._on_answer(response, inflight)
+
+    def _sent(self, stream: RenewalStream, lease_id: int, sent_at: float) -> None:
+        if self.answered:
+            self._on_sent(lease_id, sent_at)
 
     def _ended(self, stream: RenewalStream) -> None:
         if stream in self.streams:

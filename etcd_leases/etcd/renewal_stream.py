@@ -50,6 +50,7 @@ Renewal = tuple[float, int]
 Inflight = tuple[float, "asyncio.Future[Renewal] | None"]
 _Call = grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse]
 AnswerHandler = Callable[["RenewalStream", pb.LeaseKeepAliveResponse, Inflight | None], None]
+SentHandler = Callable[["RenewalStream", int, float], None]
 StreamHandler = Callable[["RenewalStream"], None]
 _Queued = tuple[int, pb.LeaseKeepAliveRequest, "asyncio.Future[Renewal] | None"]
 
@@ -96,8 +97,9 @@ class RenewalStream:
     """``LeaseKeepAlive`` calls (lanes) on endpoint ``endpoint`` of a client.
 
     ``on_answer(stream, response, inflight)`` runs for every answer, with the request
-    it answers (``None`` if unknown); ``on_waiting(stream)`` when a request is written
-    with none outstanding on its lane (a stall may start); ``on_end(stream)`` once when
+    it answers (``None`` if unknown); ``on_sent(stream, lease_id, sent_at)`` as each
+    request is written; ``on_waiting(stream)`` when one is written with none outstanding
+    on its lane (a stall may start); ``on_end(stream)`` once when
     the stream ends, for whatever reason (``failure`` then says why, ``failed`` whether
     the member is to blame). A lane that fails ends the whole stream.
     """
@@ -108,6 +110,7 @@ class RenewalStream:
         endpoint: int,
         metadata: Metadata,
         on_answer: AnswerHandler,
+        on_sent: SentHandler,
         on_waiting: StreamHandler,
         on_end: StreamHandler,
     ) -> None:
@@ -115,6 +118,7 @@ class RenewalStream:
         self._client = client
         self._metadata = metadata
         self._on_answer = on_answer
+        self._on_sent = on_sent
         self._on_waiting = on_waiting
         self._on_end = on_end
         self._lanes: list[_Lane | None] = [None] * LANES
@@ -132,6 +136,7 @@ class RenewalStream:
         client: EtcdClient,
         endpoint: int,
         on_answer: AnswerHandler,
+        on_sent: SentHandler,
         on_waiting: StreamHandler,
         on_end: StreamHandler,
         login_timeout: float,
@@ -141,7 +146,7 @@ class RenewalStream:
             # A frozen member never answers a login: give up on it for this round.
             async with asyncio.timeout(login_timeout):
                 metadata = await client.auth.metadata(endpoint)
-            stream = cls(client, endpoint, metadata, on_answer, on_waiting, on_end)
+            stream = cls(client, endpoint, metadata, on_answer, on_sent, on_waiting, on_end)
             stream._lane(0)
         except TimeoutError:
             return f"no login answer in {login_timeout:.2f} s"
@@ -309,6 +314,7 @@ class RenewalStream:
             requests = lane.inflight[lease_id] = deque()
         requests.append((sent_at, answer))
         lane.outstanding += 1
+        self._on_sent(self, lease_id, sent_at)
         if lane.outstanding == 1:
             lane.progress_at = sent_at
             self._on_waiting(self)
