@@ -16,6 +16,7 @@ from etcd_leases.etcd import client as client_module
 from etcd_leases.etcd.backoff import Backoff
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.lease_ids import new_lease_id
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster, free_ports
 
 KEY = b"close-test"
@@ -190,6 +191,29 @@ async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, del
         pass
     finally:
         writer.close()
+
+
+async def test_a_transaction_that_never_left_goes_to_another_member(etcd: EtcdCluster) -> None:
+    """A transaction is sent once: when its answer is lost its outcome is unknown. One
+    gRPC failed before sending it (no connection to the member: "failed to connect to
+    all addresses") never reached etcd, and goes to the next member. It failed at once
+    before: a hold then took its put for one that may have landed, and left the key
+    to its TTL, for a member that was down."""
+    (nobody,) = free_ports(1)
+    client = EtcdClient(
+        [f"127.0.0.1:{nobody}", *etcd.endpoints], timeout=5, member_sync_interval=None
+    )
+    key = KEY + b"-never-left"
+    put = pb.RequestOp(request_put=pb.PutRequest(key=key, value=b"once"))
+    try:
+        assert (await client.txn(pb.TxnRequest(success=[put]))).succeeded
+        kv = await client.range(key)
+        assert kv is not None and kv.version == 1
+    finally:
+        await client.call(
+            "/etcdserverpb.KV/DeleteRange", pb.DeleteRangeRequest(key=key), pb.DeleteRangeResponse
+        )
+        await client.close()
 
 
 async def test_a_member_slow_to_set_up_a_connection_answers_the_first_call(

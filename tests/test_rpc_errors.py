@@ -6,7 +6,7 @@ import grpc
 import grpc.aio
 
 from etcd_leases import BackendFull, BackendUnavailable
-from etcd_leases.etcd.rpc_errors import is_member_failure, to_lease_error
+from etcd_leases.etcd.rpc_errors import is_member_failure, is_never_sent, to_lease_error
 from tests.conftest import BROKEN_STREAM_ERRORS, etcd_error
 
 
@@ -41,3 +41,21 @@ def test_a_call_whose_stream_broke_is_a_member_failure_and_an_etcd_error_is_not(
     refused = etcd_error(grpc.StatusCode.UNKNOWN, "etcdserver: some refusal")
     assert not is_member_failure(refused)
     assert not isinstance(to_lease_error(refused), BackendUnavailable)
+
+
+def test_only_a_call_grpc_had_no_connection_for_is_known_never_sent() -> None:
+    # The rest may have reached etcd: a stream removed mid-call, a deadline, a refusal.
+    never_sent = etcd_error(
+        grpc.StatusCode.UNAVAILABLE,
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:2379: "
+        "Failed to connect to remote host: Connection refused",
+    )
+    assert is_never_sent(never_sent) and is_member_failure(never_sent)
+    maybe_sent = [
+        etcd_error(grpc.StatusCode.UNAVAILABLE, "Stream removed (Socket closed)"),
+        etcd_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"),
+        etcd_error(grpc.StatusCode.UNKNOWN, "context deadline exceeded"),
+        *(etcd_error(code, text) for code, text in BROKEN_STREAM_ERRORS),
+    ]
+    assert not any(is_never_sent(error) for error in maybe_sent)
+    assert not is_never_sent(BackendUnavailable("etcd: UNAVAILABLE: failed to connect"))

@@ -40,6 +40,7 @@ from etcd_leases.etcd.rpc_errors import (
     details,
     is_invalid_token,
     is_member_failure,
+    is_never_sent,
     is_no_leader,
     to_lease_error,
 )
@@ -194,9 +195,15 @@ class EtcdClient:
             raise
         raise PermissionDenied("etcd: the auth token was refused right after logging in")
 
-    async def _retried(self, attempt: Callable[[int], Awaitable[T]], deadline: float) -> T:
-        """``attempt(index)`` on the preferred member; after each member failure again, on
-        the member the failure points to, backing off, until ``deadline`` has passed.
+    async def _retried(
+        self,
+        attempt: Callable[[int], Awaitable[T]],
+        deadline: float,
+        again: Callable[[BaseException], bool] = is_member_failure,
+    ) -> T:
+        """``attempt(index)`` on the preferred member; after each failure ``again`` allows
+        (a member failure by default) again, on the member the failure points to,
+        backing off, until ``deadline`` has passed.
 
         The last attempt's error as a :class:`LeaseError`; any other error at once.
         (A loop of our own rather than a retry library: importing one costs a
@@ -209,7 +216,7 @@ class EtcdClient:
                 return await attempt(index)
             except (grpc.aio.AioRpcError, LeaseError) as exc:
                 index = self._attempt_failed(index, exc)
-                if not is_member_failure(exc) or time.monotonic() >= deadline:
+                if not again(exc) or time.monotonic() >= deadline:
                     raise self.error(exc) from exc
             await asyncio.sleep(backoff.failed())
 
@@ -228,24 +235,30 @@ class EtcdClient:
         *,
         retry: bool = True,
     ) -> ResponseT:
-        """One unary call; retried on other members until ``timeout`` when ``retry``."""
+        """One unary call; retried on other members until ``timeout`` when ``retry``.
+
+        Without ``retry`` the request is sent once: only a call gRPC failed before
+        sending it goes to another member.
+        """
         self.check_open()
         self.member_sync.start()
         if self.server_version is None:
             await self._read_server_version()
         deadline = time.monotonic() + self.timeout
-        index = self.members.preferred()
-        if not retry:
-            try:
-                return await self._attempt(index, path, request, response_type, self.timeout)
-            except (grpc.aio.AioRpcError, LeaseError) as exc:
-                self._attempt_failed(index, exc)
-                raise self.error(exc) from exc
+        if retry:
+            return await self._retried(
+                lambda index: self._attempt(
+                    index, path, request, response_type, self._attempt_timeout(deadline)
+                ),
+                deadline,
+            )
+        # Each attempt gets the whole time left: one that times out is not tried again.
         return await self._retried(
             lambda index: self._attempt(
-                index, path, request, response_type, self._attempt_timeout(deadline)
+                index, path, request, response_type, max(0.05, deadline - time.monotonic())
             ),
             deadline,
+            again=is_never_sent,
         )
 
     async def _read_server_version(self) -> None:
@@ -298,7 +311,8 @@ class EtcdClient:
         return list(response.kvs)
 
     async def txn(self, request: pb.TxnRequest) -> pb.TxnResponse:
-        """One transaction, never retried: its outcome is unknown on BackendUnavailable."""
+        """One transaction, sent once: its outcome is unknown on BackendUnavailable (one
+        that never left goes to another member)."""
         return await self.call("/etcdserverpb.KV/Txn", request, pb.TxnResponse, retry=False)
 
     async def grant(self, ttl_s: int, lease_id: int) -> int:

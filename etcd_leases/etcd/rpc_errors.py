@@ -17,7 +17,14 @@ from etcd_leases.errors import (
     PermissionDenied,
 )
 
-__all__ = ["details", "is_invalid_token", "is_member_failure", "is_no_leader", "to_lease_error"]
+__all__ = [
+    "details",
+    "is_invalid_token",
+    "is_member_failure",
+    "is_never_sent",
+    "is_no_leader",
+    "to_lease_error",
+]
 
 # "raft proposal dropped": the leader was handing over (MoveLeader, a graceful stop) and
 # dropped the write unapplied. "context deadline exceeded" (code UNKNOWN): the member's
@@ -36,6 +43,9 @@ _NO_LEADER = (
 _BROKEN_CALL = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 _ETCD_ERROR = "etcdserver: "
 _INVALID_TOKEN = "invalid auth token"
+# gRPC fails a call it had no connection for (every connection attempt to the member
+# failed) before sending a byte of it.
+_NO_CONNECTION = "failed to connect to all addresses"
 _AUTH_FAILED = ("authentication failed", "user name is empty", "permission denied")
 _NO_SPACE = "database space exceeded"
 
@@ -72,6 +82,15 @@ def is_member_failure(exc: BaseException) -> bool:
     if code in _BROKEN_CALL and not details(exc).startswith(_ETCD_ERROR):
         return True
     return is_no_leader(details(exc))
+
+
+def is_never_sent(exc: BaseException) -> bool:
+    """True when gRPC failed the call before sending it: etcd never saw it."""
+    return (
+        isinstance(exc, grpc.aio.AioRpcError)
+        and _code(exc) == grpc.StatusCode.UNAVAILABLE
+        and details(exc).startswith(_NO_CONNECTION)
+    )
 
 
 def to_lease_error(exc: grpc.aio.AioRpcError) -> LeaseError:
