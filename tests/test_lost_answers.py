@@ -23,7 +23,7 @@ from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.txn import delete, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.send_ids import SendId
-from etcd_leases.testing import EtcdCluster
+from etcd_leases.testing import EtcdCluster, free_ports
 from tests.conftest import (
     BROKEN_STREAM_ERRORS,
     assert_freed,
@@ -279,6 +279,30 @@ async def test_a_copy_refused_after_a_lost_answer_leaves_the_outcome_unknown(
             assert time.monotonic() < deadline, "the tenure no one renews never ended"
             await asyncio.sleep(0.05)
     assert (await p.client.time_to_live(pooled)).TTL == -1
+
+
+async def test_a_transaction_that_could_not_be_sent_in_the_timeout_gets_no_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Copies are for answers lost. A transaction gRPC could not send to any member
+    within the client's timeout (nothing listens at the endpoint) ends the copies:
+    each copy waited a whole timeout, so a call took three."""
+    (nobody,) = free_ports(1)
+    provider = EtcdLeaseProvider([f"127.0.0.1:{nobody}"], timeout=1.0)
+    sent: list[pb.TxnRequest] = []
+    txn = provider.client.txn
+
+    async def counted(request: pb.TxnRequest) -> pb.TxnResponse:
+        sent.append(request)
+        return await txn(request)
+
+    monkeypatch.setattr(provider.client, "txn", counted)
+    try:
+        with pytest.raises(BackendUnavailable, match="failed to connect"):
+            await provider.release_lease("k", "me")
+        assert len(sent) == 1
+    finally:
+        await provider.close()
 
 
 async def test_the_owner_of_an_unknown_create_learns_it_holds_by_asking_again(

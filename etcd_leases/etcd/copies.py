@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from etcd_leases.errors import BackendError, BackendUnavailable, PermissionDenied
 from etcd_leases.etcd.parts import BackendParts
+from etcd_leases.etcd.rpc_errors import is_never_sent
 from etcd_leases.etcd.txn import Txn, first_kv
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
@@ -23,6 +24,7 @@ class TxnCopies(BackendParts):
         """Send ``txn`` until a copy is answered; the answer, and whether any was lost.
 
         Only for transactions whose copies land at most once between them. A copy
+        gRPC could not send to any member within the timeout ends the copies. A copy
         refused (say, etcd too busy) after an earlier copy's answer was lost says
         nothing of that earlier copy: the outcome is unknown (BackendUnavailable).
         """
@@ -30,8 +32,10 @@ class TxnCopies(BackendParts):
             try:
                 response = await self._batcher.txn(txn.request)
                 return response, attempt > 0
-            except BackendUnavailable:
-                if attempt == _CAS_ATTEMPTS - 1:
+            except BackendUnavailable as exc:
+                # No copy after one that never left in the whole timeout: etcd is out
+                # of reach (and when it was the first, nothing landed).
+                if attempt == _CAS_ATTEMPTS - 1 or is_never_sent(exc.__cause__):
                     raise
             except (BackendError, PermissionDenied) as exc:
                 # A lease gone is news enough: whatever landed under it is gone too.

@@ -84,7 +84,7 @@ def is_member_failure(exc: BaseException) -> bool:
     return is_no_leader(details(exc))
 
 
-def is_never_sent(exc: BaseException) -> bool:
+def is_never_sent(exc: BaseException | None) -> bool:
     """True when gRPC failed the call before sending it: etcd never saw it."""
     return (
         isinstance(exc, grpc.aio.AioRpcError)
