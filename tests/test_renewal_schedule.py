@@ -98,11 +98,19 @@ def test_a_renewal_is_due_again_an_interval_after_it_was_written() -> None:
     assert schedule.pop_due(now + 11.5) is None
     assert schedule.next_renewal_at() == now + 11.6
     assert schedule.pop_due(now + 11.6) is kept
+    # A lease due later than its entry says is passed over for the next one due.
+    other = _kept(2, ttl_s=3)
+    schedule.renew_again_at(kept, now + 12)
+    schedule.add(other, now + 12.1)
+    schedule.sent(1, now + 11.7)
+    assert schedule.pop_due(now + 12.5) is other
+    assert schedule.pop_due(now + 12.7) is kept
     schedule.renew_again_at(kept, now + 12.6)
     schedule.sent(1, now + 12)
     schedule.renew_all_now()
     assert schedule.pop_due(time.monotonic()) is kept
-    assert schedule.pop_due(now + 20) is None  # one entry, not one per report
+    assert schedule.pop_due(now + 20) is other
+    assert schedule.pop_due(now + 20) is None  # one entry each, not one per report
 
 
 def test_a_released_lease_is_skipped_when_its_renewal_comes_up() -> None:
@@ -113,6 +121,12 @@ def test_a_released_lease_is_skipped_when_its_renewal_comes_up() -> None:
     schedule.remove(released)
     assert schedule.pop_due(10.5) is None
     assert schedule.pop_due(11.0) is kept
+    # Behind the released lease's entry, in the same pop: the lease still kept.
+    other = _kept(3)
+    schedule.add(released, 20.0)
+    schedule.remove(released)
+    schedule.add(other, 21.0)
+    assert schedule.pop_due(21.0) is other
 
 
 def test_renew_all_now_makes_every_lease_due_the_most_urgent_first() -> None:
