@@ -440,6 +440,9 @@ async def test_an_interrupted_hold_leaves_its_key_for_the_ttl_it_asked(
         await settled(p)
         assert reads and reads[0] >= begun + 3.0, f"read {reads[0] - begun:.2f} s after"
         assert await other.get_lease_owner("k") is None
+        # Settled, the key's wait is forgotten: a process interrupted on many keys
+        # over its life keeps no entry per key.
+        assert p._unsettled_until == {}
 
 
 async def test_closing_the_provider_ends_an_interrupted_holds_wait_for_its_ttl(
