@@ -65,6 +65,10 @@ _BACKOFF_MAX_S = 0.5
 _log = logging.getLogger(__name__)
 
 
+def _time_left(deadline: float) -> float:
+    return max(0.05, deadline - time.monotonic())
+
+
 class EtcdClient:
     """The etcd calls we use, over the channels of :attr:`members`, with :attr:`auth`.
 
@@ -245,20 +249,15 @@ class EtcdClient:
         if self.server_version is None:
             await self._read_server_version()
         deadline = time.monotonic() + self.timeout
-        if retry:
-            return await self._retried(
-                lambda index: self._attempt(
-                    index, path, request, response_type, self._attempt_timeout(deadline)
-                ),
-                deadline,
-            )
-        # Each attempt gets the whole time left: one that times out is not tried again.
+        # Sent once, each attempt gets the whole time left: one that times out is not
+        # tried again.
+        attempt_timeout = self._attempt_timeout if retry else _time_left
         return await self._retried(
             lambda index: self._attempt(
-                index, path, request, response_type, max(0.05, deadline - time.monotonic())
+                index, path, request, response_type, attempt_timeout(deadline)
             ),
             deadline,
-            again=is_never_sent,
+            again=is_member_failure if retry else is_never_sent,
         )
 
     async def _read_server_version(self) -> None:

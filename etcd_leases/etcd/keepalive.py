@@ -276,9 +276,6 @@ class KeepAliveLoop:
         elif sent_at is not None:
             kept.valid_until = max(kept.valid_until, sent_at + response.TTL)
 
-    def _on_sent(self, lease_id: int, sent_at: float) -> None:
-        self._schedule.sent(lease_id, sent_at)
-
     def _on_waiting(self, stream: RenewalStream) -> None:
         self._watchdog.arm(stream.progress_at + self._watchdog.stall_after())
 
@@ -343,7 +340,7 @@ class KeepAliveLoop:
         """Open a round of streams, renew over them until all ended; whether a member
         answered, and why the round ended."""
         round_ = RenewalRound(
-            self._client, self._on_answer, self._on_sent, self._on_waiting, self._on_end
+            self._client, self._on_answer, self._schedule.sent, self._on_waiting, self._on_end
         )
         cannot_open = await round_.open(login_timeout=_LOGIN_TIMEOUT_S)
         if self._closed:

@@ -99,9 +99,9 @@ class RenewalStream:
     ``on_answer(stream, response, inflight)`` runs for every answer, with the request
     it answers (``None`` if unknown); ``on_sent(stream, lease_id, sent_at)`` as each
     request is written; ``on_waiting(stream)`` when one is written with none outstanding
-    on its lane (a stall may start); ``on_end(stream)`` once when
-    the stream ends, for whatever reason (``failure`` then says why, ``failed`` whether
-    the member is to blame). A lane that fails ends the whole stream.
+    on its lane (a stall may start); ``on_end(stream)`` once when the stream ends, for
+    whatever reason (``failure`` then says why, ``failed`` whether the member is to
+    blame). A lane that fails ends the whole stream.
     """
 
     def __init__(
