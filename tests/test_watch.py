@@ -309,6 +309,9 @@ async def test_cancelled_watchers_leave_no_watch_on_etcd(
     await asyncio.sleep(0.2)  # sent
     midway.cancel()
     member.resume()
+    # Wait for etcd's answer to the create and the stream's cancel, then for etcd to act
+    # on it: the gauge reads 1 before etcd has read the create too.
+    await eventually(lambda: stream._creating is None and not stream._cancels)
     await eventually(lambda: member.metric("etcd_debugging_mvcc_watcher_total") == 1)
     revision = await write(client, key, b"x")
     assert summary(await next_batch(kept)) == [(PUT, b"x", revision)]
