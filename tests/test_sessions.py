@@ -679,6 +679,24 @@ async def test_a_take_begun_before_the_sessions_last_renewal_asks_for_none(
     assert requested == [session]
 
 
+async def test_a_session_granted_again_mid_take_is_renewed_alongside_the_put(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take whose put etcd refused, its session lease gone, puts the key on a new
+    session granted after the take began: never renewed, so its first tenure starts
+    with a renewal of it answered beside the put (its keep-alive seen working), not
+    from the grant alone."""
+    p = etcd_provider
+    async with p.hold("warm", "me", 3000):  # the session exists already
+        (old,) = await leases_of(p, "warm")
+    await p.client.revoke(old)  # as etcd would on expiry, not seen here yet
+    requested = renewals_requested(p, monkeypatch)
+    async with p.hold("k", "me", 3000):
+        (new,) = await leases_of(p, "k")
+    assert is_session_lease(new) and new != old
+    assert requested[-1] == new  # (preceded by the old session's, if it was asked for)
+
+
 async def test_a_session_lost_here_is_revoked_in_etcd(etcd_provider: EtcdLeaseProvider) -> None:
     """A session this process gave up (say etcd refused a put under it, or its renewals
     came too late) is revoked: keys etcd may still keep on it would otherwise stand,
