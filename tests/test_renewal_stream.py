@@ -16,7 +16,14 @@ import pytest
 
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.lease_ids import new_lease_id
-from etcd_leases.etcd.renewal_stream import LANES, Inflight, Renewal, RenewalStream, cancelling
+from etcd_leases.etcd.renewal_stream import (
+    _BUSY,
+    LANES,
+    Inflight,
+    Renewal,
+    RenewalStream,
+    cancelling,
+)
 from etcd_leases.etcd.rpc_errors import is_no_leader
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
@@ -134,6 +141,42 @@ async def test_a_stream_opens_lanes_as_its_requests_back_up(client: EtcdClient) 
         stream.end("the test is over", failed=False)
         await stream.wait_ended()
     for lease_id in lease_ids:
+        await client.revoke(lease_id)
+
+
+async def test_a_stream_opens_a_lane_when_its_requests_wait_for_answers(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member slow to answer backs requests up as written and unanswered, not queued:
+    those count too, so the stream opens another lane once more than _BUSY wait, and
+    spreads the leases over the lanes open (a lease moves only when one opens)."""
+    waiting = await _granted(client, _BUSY + 1)
+    beyond = new_lease_id() | 3  # lane 1 of two (lane 3 of LANES)
+    await client.grant(10, beyond)
+    flowing = asyncio.Event()
+    open_call = client.keep_alive_stream
+    monkeypatch.setattr(
+        client, "keep_alive_stream", lambda *args: HeldKeepAliveAnswers(open_call(*args), flowing)
+    )
+    events = Events()
+    stream = await _open(client, events)
+    try:
+        for count, lease_id in enumerate(waiting, start=1):  # each written first
+
+            def written(count: int = count) -> bool:
+                return stream.outstanding == count
+
+            assert stream.send(lease_id, _request(lease_id), None)
+            await eventually(written, "the renewal written")
+        assert len(list(stream._open_lanes())) == 1
+        assert stream.send(beyond, _request(beyond), None)
+        assert len(list(stream._open_lanes())) == 2 and stream._lanes[1] is not None
+        flowing.set()
+        await eventually(lambda: len(events.answers) == _BUSY + 2, "every answer")
+    finally:
+        stream.end("the test is over", failed=False)
+        await stream.wait_ended()
+    for lease_id in [*waiting, beyond]:
         await client.revoke(lease_id)
 
 
