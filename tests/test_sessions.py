@@ -24,7 +24,8 @@ from etcd_leases import (
 )
 from etcd_leases.etcd.keepalive import Renewal
 from etcd_leases.etcd.keeper import EtcdKeeper
-from etcd_leases.etcd.lease_ids import is_session_lease
+from etcd_leases.etcd.kept_lease import KeptLease
+from etcd_leases.etcd.lease_ids import is_session_lease, new_lease_id
 from etcd_leases.etcd.session import Session
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
@@ -783,6 +784,26 @@ async def test_a_hold_cancelled_while_its_put_is_confirmed_leaves_no_key(
     await settled(p)
     assert reads and reads[0] >= begun + 3.0, f"read {reads[0] - begun:.2f} s after"
     assert await p.client.range(p.etcd_key("k")) is None
+
+
+async def test_a_put_with_no_renewal_beside_it_counts_while_its_session_lives(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """A put that needed no renewal beside it (one was answered since its take began)
+    counts if its session is alive when the put is answered, however little of it is
+    left; not once its time has run out, nor once it was lost."""
+    now = time.monotonic()
+
+    def session(valid_until: float) -> Session:
+        lease_id = new_lease_id(session=True)
+        return Session(lease_id, 3, KeptLease(lease_id, 3, valid_until), valid_until)
+
+    confirm = etcd_provider._sessions.confirm
+    assert await confirm(session(now + 0.5), None, 5.0)
+    assert not await confirm(session(now - 0.01), None, 5.0)
+    lost = session(now + 3.0)
+    lost.kept.lost.set()
+    assert not await confirm(lost, None, 5.0)
 
 
 def confirm_first_too_late(
