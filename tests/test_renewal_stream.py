@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import grpc
+import grpc.aio
 import pytest
 
 from etcd_leases.etcd.client import EtcdClient
@@ -27,7 +29,14 @@ from etcd_leases.etcd.renewal_stream import (
 from etcd_leases.etcd.rpc_errors import is_no_leader
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
-from tests.conftest import HeldKeepAliveAnswers, Records, enable_auth, eventually
+from tests.conftest import (
+    HeldKeepAliveAnswers,
+    KeepAliveCall,
+    Records,
+    enable_auth,
+    etcd_error,
+    eventually,
+)
 
 
 class Events:
@@ -337,6 +346,78 @@ async def test_a_stream_whose_channel_closes_ends_as_cancelled(etcd_binary: str)
         assert stream.failure == "the keep-alive stream was cancelled" and stream.failed
         assert events.ended == [stream]
         await stream.wait_ended()
+
+
+class FailingWrites(HeldKeepAliveAnswers):
+    """A keep-alive call whose writes fail with ``error``, its answers held back: the
+    writer meets the failure, not the reader."""
+
+    def __init__(
+        self,
+        call: grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse],
+        error: BaseException,
+    ) -> None:
+        super().__init__(call, asyncio.Event())
+        self._error = error
+
+    async def write(self, request: pb.LeaseKeepAliveRequest) -> None:
+        raise self._error
+
+
+@pytest.mark.parametrize(
+    ("error", "failure"),
+    [
+        (
+            etcd_error(grpc.StatusCode.UNAVAILABLE, "write failed (test)"),
+            "etcd: UNAVAILABLE: write failed (test)",
+        ),
+        (asyncio.InvalidStateError(), "the keep-alive stream ended"),
+        (asyncio.CancelledError(), "the keep-alive stream was cancelled"),
+    ],
+    ids=["etcd-error", "call-over", "call-cancelled"],
+)
+async def test_a_write_that_fails_ends_the_stream_failed_and_says_why(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch, error: BaseException, failure: str
+) -> None:
+    """A write fails (etcd's error; the call already over; the call cancelled, not our
+    task): the stream ends, the member blamed, with the reason, told once."""
+    (lease_id,) = await _granted(client)
+    open_call = client.keep_alive_stream
+    monkeypatch.setattr(
+        client, "keep_alive_stream", lambda *args: FailingWrites(open_call(*args), error)
+    )
+    events = Events()
+    stream = await _open(client, events)
+    assert stream.send(lease_id, _request(lease_id), None)
+    await eventually(lambda: stream.ended, "the stream ended")
+    assert (stream.failure, stream.failed) == (failure, True)
+    assert events.ended == [stream]
+    await stream.wait_ended()
+
+
+class ClosedAnswers(KeepAliveCall):
+    """A keep-alive call the server ends cleanly (no error status) once written to."""
+
+    async def read(self) -> object:
+        return grpc.aio.EOF
+
+
+async def test_a_stream_the_server_closes_cleanly_ends_failed(
+    client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd ends keep-alive streams with an error status (a member stopped gracefully
+    gives UNAVAILABLE); a clean end, which a proxy or a later etcd may send, ends the
+    stream all the same, the member blamed."""
+    (lease_id,) = await _granted(client)
+    open_call = client.keep_alive_stream
+    monkeypatch.setattr(client, "keep_alive_stream", lambda *args: ClosedAnswers(open_call(*args)))
+    events = Events()
+    stream = await _open(client, events)
+    assert stream.send(lease_id, _request(lease_id), None)
+    await eventually(lambda: stream.ended, "the stream ended")
+    assert (stream.failure, stream.failed) == ("etcd closed the keep-alive stream", True)
+    assert events.ended == [stream] and events.answers == []
+    await stream.wait_ended()
 
 
 async def test_an_answer_handler_that_raises_ends_the_stream_and_is_logged(
