@@ -786,24 +786,32 @@ async def test_a_hold_cancelled_while_its_put_is_confirmed_leaves_no_key(
     assert await p.client.range(p.etcd_key("k")) is None
 
 
-async def test_a_put_with_no_renewal_beside_it_counts_while_its_session_lives(
-    etcd_provider: EtcdLeaseProvider,
+@pytest.mark.parametrize("renewed_beside", [False, True], ids=["no-renewal", "renewal"])
+async def test_a_put_counts_while_its_session_lives_however_little_is_left(
+    etcd_provider: EtcdLeaseProvider, renewed_beside: bool
 ) -> None:
-    """A put that needed no renewal beside it (one was answered since its take began)
-    counts if its session is alive when the put is answered, however little of it is
-    left; not once its time has run out, nor once it was lost."""
+    """A put counts if its session is alive once the put, and the renewal asked beside
+    it if one was (none when one was answered since the take began), were answered,
+    however little of the session is left (an answer slow to come); not once its time
+    has run out, nor once it was lost."""
     now = time.monotonic()
 
     def session(valid_until: float) -> Session:
         lease_id = new_lease_id(session=True)
         return Session(lease_id, 3, KeptLease(lease_id, 3, valid_until), valid_until)
 
-    confirm = etcd_provider._sessions.confirm
-    assert await confirm(session(now + 0.5), None, 5.0)
-    assert not await confirm(session(now - 0.01), None, 5.0)
+    async def confirm(session: Session) -> bool:
+        renewal = None
+        if renewed_beside:  # answered already; the keep-alive loop applied it
+            renewal = asyncio.get_running_loop().create_future()
+            renewal.set_result((now - 2.6, 3))
+        return await etcd_provider._sessions.confirm(session, renewal, 5.0)
+
+    assert await confirm(session(now + 0.4))
+    assert not await confirm(session(now - 0.01))
     lost = session(now + 3.0)
     lost.kept.lost.set()
-    assert not await confirm(lost, None, 5.0)
+    assert not await confirm(lost)
 
 
 def confirm_first_too_late(
