@@ -15,6 +15,7 @@ from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.etcd.renewal_round import RenewalRound
 from etcd_leases.etcd.renewal_stream import Inflight, Renewal, RenewalStream
+from etcd_leases.etcd.rpc_errors import is_no_leader
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster, EtcdMember
 from tests.conftest import enable_auth, eventually
@@ -229,6 +230,29 @@ async def test_a_round_no_member_could_open_says_why_for_each(etcd_cluster: Etcd
         for member in etcd_cluster.members:
             await asyncio.to_thread(member.resume)
         await client.close()
+
+
+async def test_a_member_without_a_leader_is_passed_over_only_briefly(etcd_binary: str) -> None:
+    """A stream refused for want of a leader cools its member down for calls for half a
+    second, not the five of a failed member: the member serves again as soon as an
+    election gives it a leader."""
+    with EtcdCluster(3, binary=etcd_binary) as cluster:
+        alone, *others = cluster.members
+        client = EtcdClient([alone.endpoint], timeout=5, member_sync_interval=None)
+        for member in others:
+            await asyncio.to_thread(member.pause)
+        events = Events()
+        round_ = events.round(client)
+        try:
+            await round_.open(login_timeout=5.0)
+            await eventually(lambda: len(events.ended) == 1, "the stream refused")
+            refused_at = time.monotonic()
+            (stream,) = events.ended
+            assert stream.failure is not None and is_no_leader(stream.failure)
+            cool_until = client.members._cool_until[0]
+            assert 0.0 < cool_until <= refused_at + 0.5  # set, and for 0.5 s
+        finally:
+            await _end_all(round_, client, *others)
 
 
 async def test_a_member_whose_login_hangs_holds_back_only_its_own_stream(
