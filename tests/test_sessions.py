@@ -26,6 +26,7 @@ from etcd_leases.etcd.keepalive import Renewal
 from etcd_leases.etcd.keeper import EtcdKeeper
 from etcd_leases.etcd.kept_lease import KeptLease
 from etcd_leases.etcd.lease_ids import is_session_lease, new_lease_id
+from etcd_leases.etcd.pool import Grant
 from etcd_leases.etcd.session import Session
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
@@ -696,6 +697,34 @@ async def test_a_session_granted_again_mid_take_is_renewed_alongside_the_put(
         (new,) = await leases_of(p, "k")
     assert is_session_lease(new) and new != old
     assert requested[-1] == new  # (preceded by the old session's, if it was asked for)
+
+
+async def test_a_session_slow_to_be_granted_holds_back_no_other_ttls_takes(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sessions of each TTL are granted under a lock of their own: a hold of 9 s is taken
+    while the grant of the 3 s session waits (etcd slow to answer it)."""
+    p = etcd_provider
+    original = p._sessions._grant
+    granting, release = asyncio.Event(), asyncio.Event()
+
+    async def grant(ttl_s: int) -> Grant:
+        if ttl_s == p._ttl_s(3000):
+            granting.set()
+            await release.wait()
+        return await original(ttl_s)
+
+    monkeypatch.setattr(p._sessions, "_grant", grant)
+    slow = asyncio.create_task(p.hold("short", "me", 3000).__aenter__())
+    try:
+        await asyncio.wait_for(granting.wait(), 5.0)
+        async with asyncio.timeout(5.0):
+            async with p.hold("long", "me", 9000) as lease:
+                assert not slow.done() and lease.token > 0
+    finally:
+        release.set()
+        held = await slow
+        await held._finish()
 
 
 async def test_a_session_lost_here_is_revoked_in_etcd(etcd_provider: EtcdLeaseProvider) -> None:
