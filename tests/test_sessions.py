@@ -730,7 +730,8 @@ async def test_a_session_slow_to_be_granted_holds_back_no_other_ttls_takes(
 async def test_a_session_lost_here_is_revoked_in_etcd(etcd_provider: EtcdLeaseProvider) -> None:
     """A session this process gave up (say etcd refused a put under it, or its renewals
     came too late) is revoked: keys etcd may still keep on it would otherwise stand,
-    held by nobody, until its TTL ran out."""
+    held by nobody, until its TTL ran out. And forgotten: nothing stays behind for a TTL
+    no hold asks for any more."""
     p = etcd_provider
     async with p.hold("k", "me", 3000) as lease:
         kv = await p.client.range(p.etcd_key("k"))
@@ -741,6 +742,18 @@ async def test_a_session_lost_here_is_revoked_in_etcd(etcd_provider: EtcdLeasePr
         await settled(p)
         assert (await p.client.time_to_live(kv.lease)).TTL == -1
         assert await p.client.range(p.etcd_key("k")) is None
+        assert p._sessions._sessions == {}
+
+
+async def test_a_session_past_its_deadline_is_replaced_before_its_loss_is_noticed(
+    etcd_provider: EtcdLeaseProvider,
+) -> None:
+    """A session whose renewals came too late (its deadline passed, the keep-alive loop
+    not yet at it) is not handed to a take: a new one is granted."""
+    sessions = etcd_provider._sessions
+    late = await sessions.get(3)
+    late.kept.valid_until = time.monotonic() - 0.01
+    assert (await sessions.get(3)).lease_id != late.lease_id
 
 
 async def test_closing_the_provider_revokes_its_session_leases(etcd: EtcdCluster) -> None:
