@@ -470,6 +470,29 @@ async def test_a_stream_on_a_member_without_a_leader_ends_at_once(etcd_binary: s
             await client.close()
 
 
+async def test_a_login_etcd_refuses_is_the_reason_the_stream_did_not_open(
+    etcd_binary: str,
+) -> None:
+    with EtcdCluster(1, binary=etcd_binary) as etcd:
+        enable_auth(etcd)
+        client = EtcdClient(etcd.endpoints, timeout=5, username="app", password="wrong")
+        try:
+            events = Events()
+            opened = await RenewalStream.open(
+                client,
+                0,
+                events.on_answer,
+                events.on_sent,
+                events.on_waiting,
+                events.on_end,
+                login_timeout=5.0,
+            )
+            assert isinstance(opened, str) and "authentication failed" in opened, opened
+            assert opened.startswith("etcd: INVALID_ARGUMENT"), opened
+        finally:
+            await client.close()
+
+
 async def test_a_member_that_never_answers_the_login_is_given_up(etcd_binary: str) -> None:
     with EtcdCluster(1, binary=etcd_binary) as etcd:
         enable_auth(etcd)

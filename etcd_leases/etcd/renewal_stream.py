@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterator
 import grpc
 import grpc.aio
 
-from etcd_leases.errors import LeaseError, ProviderClosed
 from etcd_leases.etcd.auth import Metadata
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.rpc_errors import is_invalid_token, to_lease_error
@@ -152,10 +151,6 @@ class RenewalStream:
             return f"no login answer in {login_timeout:.2f} s"
         except grpc.aio.AioRpcError as exc:
             return str(to_lease_error(exc))
-        except ProviderClosed:
-            raise
-        except LeaseError as exc:
-            return str(exc)
         except asyncio.CancelledError:
             # A login call cancelled by the channel closing, not us.
             if cancelling():
