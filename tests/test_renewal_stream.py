@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import TypeAlias
 
 import grpc
 import grpc.aio
@@ -38,6 +40,10 @@ from tests.conftest import (
     eventually,
 )
 
+KeepAliveStreamCall: TypeAlias = grpc.aio.StreamStreamCall[
+    pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse
+]
+
 
 class Events:
     """What a stream called back, in order."""
@@ -63,18 +69,34 @@ class Events:
         self.ended.append(stream)
 
 
-async def _open(client: EtcdClient, events: Events, endpoint: int = 0) -> RenewalStream:
-    stream = await RenewalStream.open(
+async def _open_or_why(
+    client: EtcdClient, events: Events, endpoint: int = 0, login_timeout: float = 5.0
+) -> RenewalStream | str:
+    return await RenewalStream.open(
         client,
         endpoint,
         events.on_answer,
         events.on_sent,
         events.on_waiting,
         events.on_end,
-        login_timeout=5.0,
+        login_timeout=login_timeout,
     )
+
+
+async def _open(client: EtcdClient, events: Events, endpoint: int = 0) -> RenewalStream:
+    stream = await _open_or_why(client, events, endpoint)
     assert isinstance(stream, RenewalStream), stream
     return stream
+
+
+def _wrap_calls(
+    client: EtcdClient,
+    monkeypatch: pytest.MonkeyPatch,
+    wrap: Callable[[KeepAliveStreamCall], KeepAliveCall],
+) -> None:
+    """The client's keep-alive calls from now on, each as ``wrap`` makes it."""
+    open_call = client.keep_alive_stream
+    monkeypatch.setattr(client, "keep_alive_stream", lambda *args: wrap(open_call(*args)))
 
 
 def _request(lease_id: int) -> pb.LeaseKeepAliveRequest:
@@ -163,10 +185,7 @@ async def test_a_stream_opens_a_lane_when_its_requests_wait_for_answers(
     beyond = new_lease_id() | 3  # lane 1 of two (lane 3 of LANES)
     await client.grant(10, beyond)
     flowing = asyncio.Event()
-    open_call = client.keep_alive_stream
-    monkeypatch.setattr(
-        client, "keep_alive_stream", lambda *args: HeldKeepAliveAnswers(open_call(*args), flowing)
-    )
+    _wrap_calls(client, monkeypatch, lambda call: HeldKeepAliveAnswers(call, flowing))
     events = Events()
     stream = await _open(client, events)
     try:
@@ -259,10 +278,7 @@ async def test_a_lease_with_two_renewals_waiting_for_answers_gets_no_third(
     sent: its caller waits for an answer of its own."""
     (lease_id,) = await _granted(client)
     flowing = asyncio.Event()
-    open_call = client.keep_alive_stream
-    monkeypatch.setattr(
-        client, "keep_alive_stream", lambda *args: HeldKeepAliveAnswers(open_call(*args), flowing)
-    )
+    _wrap_calls(client, monkeypatch, lambda call: HeldKeepAliveAnswers(call, flowing))
     events = Events()
     stream = await _open(client, events)
     one_shot: asyncio.Future[Renewal] = asyncio.get_running_loop().create_future()
@@ -354,11 +370,7 @@ class FailingWrites(HeldKeepAliveAnswers):
     """A keep-alive call whose writes fail with ``error``, its answers held back: the
     writer meets the failure, not the reader."""
 
-    def __init__(
-        self,
-        call: grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse],
-        error: BaseException,
-    ) -> None:
+    def __init__(self, call: KeepAliveStreamCall, error: BaseException) -> None:
         super().__init__(call, asyncio.Event())
         self._error = error
 
@@ -384,10 +396,7 @@ async def test_a_write_that_fails_ends_the_stream_failed_and_says_why(
     """A write fails (etcd's error; the call already over; the call cancelled, not our
     task): the stream ends, the member blamed, with the reason, told once."""
     (lease_id,) = await _granted(client)
-    open_call = client.keep_alive_stream
-    monkeypatch.setattr(
-        client, "keep_alive_stream", lambda *args: FailingWrites(open_call(*args), error)
-    )
+    _wrap_calls(client, monkeypatch, lambda call: FailingWrites(call, error))
     events = Events()
     stream = await _open(client, events)
     assert stream.send(lease_id, _request(lease_id), None)
@@ -411,8 +420,7 @@ async def test_a_stream_the_server_closes_cleanly_ends_failed(
     gives UNAVAILABLE); a clean end, which a proxy or a later etcd may send, ends the
     stream all the same, the member blamed."""
     (lease_id,) = await _granted(client)
-    open_call = client.keep_alive_stream
-    monkeypatch.setattr(client, "keep_alive_stream", lambda *args: ClosedAnswers(open_call(*args)))
+    _wrap_calls(client, monkeypatch, ClosedAnswers)
     events = Events()
     stream = await _open(client, events)
     assert stream.send(lease_id, _request(lease_id), None)
@@ -477,16 +485,7 @@ async def test_a_login_etcd_refuses_is_the_reason_the_stream_did_not_open(
         enable_auth(etcd)
         client = EtcdClient(etcd.endpoints, timeout=5, username="app", password="wrong")
         try:
-            events = Events()
-            opened = await RenewalStream.open(
-                client,
-                0,
-                events.on_answer,
-                events.on_sent,
-                events.on_waiting,
-                events.on_end,
-                login_timeout=5.0,
-            )
+            opened = await _open_or_why(client, Events())
             assert isinstance(opened, str) and "authentication failed" in opened, opened
             assert opened.startswith("etcd: INVALID_ARGUMENT"), opened
         finally:
@@ -501,16 +500,7 @@ async def test_a_member_that_never_answers_the_login_is_given_up(etcd_binary: st
         client.auth.invalidate(0)
         await asyncio.to_thread(etcd.members[0].pause)
         try:
-            events = Events()
-            opened = await RenewalStream.open(
-                client,
-                0,
-                events.on_answer,
-                events.on_sent,
-                events.on_waiting,
-                events.on_end,
-                login_timeout=0.5,
-            )
+            opened = await _open_or_why(client, Events(), login_timeout=0.5)
             assert opened == "no login answer in 0.50 s"
         finally:
             await asyncio.to_thread(etcd.members[0].resume)
