@@ -911,9 +911,38 @@ async def test_a_put_confirmed_too_late_and_gone_since_is_an_unknown_outcome(
         )
 
     confirm_first_too_late(p, monkeypatch, deleted)
-    with pytest.raises(BackendUnavailable, match="outcome unknown"):
+    with pytest.raises(BackendUnavailable) as raised:
         await p.hold("k", "me", 3000).__aenter__()
+    assert str(raised.value) == (
+        "etcd: the session lease under the put ran out before its renewal was answered "
+        "(etcd stalled): the tenure it began has ended; outcome unknown"
+    )
     assert await p.client.range(p.etcd_key("k")) is None
+
+
+async def test_a_take_whose_every_session_is_gone_fails_in_the_client_timeout(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd refuses each put, its session lease gone (revoked as soon as granted, here):
+    the take tries new sessions until the client's timeout, then fails saying so."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix(), timeout=1) as p:
+        original = p._sessions._grant
+        granted: list[int] = []
+
+        async def grant(ttl_s: int) -> Grant:
+            lease = await original(ttl_s)
+            await p.client.revoke(lease.lease_id)
+            granted.append(lease.lease_id)
+            return lease
+
+        monkeypatch.setattr(p._sessions, "_grant", grant)
+        with pytest.raises(BackendUnavailable) as raised:
+            await p.hold("k", "me", 3000).__aenter__()
+        assert str(raised.value) == (
+            "etcd: no session lease stayed alive long enough to put the key on it"
+        )
+        assert len(granted) > 1  # a new session after each refusal
+        assert await p.client.range(p.etcd_key("k")) is None
 
 
 async def test_a_tenure_given_up_is_not_deleted_under_a_hold_taking_it(
