@@ -26,6 +26,7 @@ from etcd_leases.send_ids import SendId
 from etcd_leases.testing import EtcdCluster, free_ports
 from tests.conftest import (
     BROKEN_STREAM_ERRORS,
+    assert_books_name_no_gone_lease,
     assert_freed,
     assert_no_lease_leaked,
     etcd_error,
@@ -279,6 +280,7 @@ async def test_a_copy_refused_after_a_lost_answer_leaves_the_outcome_unknown(
             assert time.monotonic() < deadline, "the tenure no one renews never ended"
             await asyncio.sleep(0.05)
     assert (await p.client.time_to_live(pooled)).TTL == -1
+    await assert_books_name_no_gone_lease(p)  # the pool let it go with its tenure
 
 
 async def test_a_transaction_that_could_not_be_sent_in_the_timeout_gets_no_copy(

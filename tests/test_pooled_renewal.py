@@ -15,8 +15,9 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 
-from etcd_leases import AcquireResult, BackendUnavailable, EtcdLeaseProvider
+from etcd_leases import AcquireResult, BackendError, BackendUnavailable, EtcdLeaseProvider
 from etcd_leases.etcd.renewal_stream import RenewalStream
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster
@@ -24,10 +25,12 @@ from tests.conftest import (
     KeepAliveCall,
     assert_books_name_no_gone_lease,
     assert_no_lease_leaked,
+    etcd_error,
     settled,
     unique_prefix,
 )
 from tests.test_lost_answers import unknown_create
+from tests.test_tenure_races import AnsweredGone
 
 TTL_MS = 60_000  # the sweep renews a free lease of 60 s only after it aged 20 s
 
@@ -148,6 +151,31 @@ async def test_a_put_whose_lease_is_answered_gone_is_not_reported_acquired(
         await settled(provider)
 
 
+async def test_a_put_whose_lease_etcd_answers_gone_while_it_stays_leaves_no_key(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but only the renewal's answer says the lease is gone (a leader elected
+    a moment ago that has not applied the lease yet answers so, etcd issue 13675): the
+    lease stays, and so would the key the put landed on. The take fails as unknown
+    and deletes the key, so the tenure the error says has ended has ended; no holder
+    renews it, and a later acquire takes the key at once, not a TTL later."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix()) as provider:
+        gone: set[int] = set()
+        open_call = provider.client.keep_alive_stream
+        monkeypatch.setattr(
+            provider.client, "keep_alive_stream", lambda *args: AnsweredGone(open_call(*args), gone)
+        )
+        lease = await aged_free_lease(provider)
+        gone.add(lease)
+        with pytest.raises(BackendUnavailable, match="the tenure it began has ended"):
+            await provider.acquire_lease("second", "alice", TTL_MS)
+        assert (await provider.client.time_to_live(lease)).TTL > 0  # only the answer said gone
+        assert await provider.client.range(provider.etcd_key("second")) is None
+        assert (await provider.acquire_lease("second", "bob", TTL_MS)).acquired
+        await settled(provider)
+        await provider.client.revoke(lease)  # left to run out by the provider: 60 s
+
+
 async def test_a_lease_renewed_past_its_first_ttl_goes_back_to_the_pool(
     etcd: EtcdCluster,
 ) -> None:
@@ -188,6 +216,42 @@ async def test_a_take_whose_renewal_goes_unanswered_fails_in_the_client_timeout(
         assert lease not in provider._pool.free_lease_ids()
         assert not provider._keepalive.is_kept(lease)
         await assert_books_name_no_gone_lease(provider)
+
+
+async def test_a_put_refused_beside_a_renewal_left_unanswered_fails_with_the_refusal(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd refuses the put on an aged lease while the renewal asked beside it waits on
+    the wire: the take fails with etcd's refusal, not the renewal's fate; the lease,
+    under which nothing landed, goes back to the pool; the renewal is waited for in the
+    background until the client's timeout passes, and its going unanswered fails
+    nothing there."""
+    async with EtcdLeaseProvider(etcd.endpoints, prefix=unique_prefix(), timeout=2.0) as provider:
+        requests = KeepAliveRequests(provider, monkeypatch)
+        lease = await aged_free_lease(provider)
+        requests.held = lease
+        original = provider.client._attempt
+
+        async def attempt(
+            index: int, path: str, request: Message, response_type: type[Message], deadline: float
+        ) -> Message:
+            if path.endswith("/Txn"):
+                raise etcd_error(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: too many requests"
+                )
+            return await original(index, path, request, response_type, deadline)
+
+        monkeypatch.setattr(provider.client, "_attempt", attempt)
+        try:
+            async with asyncio.timeout(10):  # bounds a take that tries lease after lease
+                with pytest.raises(BackendError, match="too many requests"):
+                    await provider.acquire_lease("second", "alice", TTL_MS)
+            async with asyncio.timeout(10):
+                await requests.holding.wait()  # the renewal was asked, and waits unanswered
+            assert lease in provider._pool.free_lease_ids()
+            await settled(provider)  # the renewal's wait, ended by the client's timeout
+        finally:
+            requests.let_through.set()
 
 
 async def test_a_transfer_onto_a_lease_aged_in_the_pool_never_ends_the_tenure_it_moves(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 
 import grpc
 import pytest
@@ -200,21 +200,22 @@ async def test_a_transfer_whose_new_tenure_a_release_ended_before_its_answer_suc
 
 
 class AnsweredGone(KeepAliveCall):
-    """A keep-alive call on which etcd's answers for ``lease`` say it is gone (TTL 0),
-    as a freshly elected leader that has not applied the lease yet answers (etcd issue
-    13675); the lease itself stays, and its key with it."""
+    """A keep-alive call on which etcd's answers for the leases in ``gone`` (as it is
+    when they come) say they are gone (TTL 0), as a freshly elected leader that has not
+    applied a lease yet answers (etcd issue 13675); the lease itself stays, and its key
+    with it."""
 
     def __init__(
         self,
         call: grpc.aio.StreamStreamCall[pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse],
-        lease: int,
+        gone: Container[int],
     ) -> None:
         super().__init__(call)
-        self._lease = lease
+        self._gone = gone
 
     async def read(self) -> object:
         answer = await self._call.read()
-        if isinstance(answer, pb.LeaseKeepAliveResponse) and self._lease == answer.ID:
+        if isinstance(answer, pb.LeaseKeepAliveResponse) and answer.ID in self._gone:
             return pb.LeaseKeepAliveResponse(header=answer.header, ID=answer.ID, TTL=0)
         return answer
 
@@ -231,7 +232,7 @@ async def test_a_tenure_etcd_answers_gone_while_its_key_stays_is_not_renewed_or_
     lease = await lease_of(p, "k")
     open_call = p.client.keep_alive_stream
     monkeypatch.setattr(
-        p.client, "keep_alive_stream", lambda *args: AnsweredGone(open_call(*args), lease)
+        p.client, "keep_alive_stream", lambda *args: AnsweredGone(open_call(*args), {lease})
     )
     async with asyncio.timeout(10):  # bounds a call that reads the key for ever
         if call == "renew":
