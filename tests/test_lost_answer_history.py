@@ -153,3 +153,46 @@ async def test_an_outcome_the_history_no_longer_tells_is_unknown(
     with pytest.raises(BackendUnavailable):
         await p.acquire_lease("k", "o2", 5000)
     assert lose.landed is not None
+
+
+async def test_an_outcome_whose_history_is_not_read_in_time_is_unknown(
+    etcd_binary: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in the first test, and etcd (one member) freezes once the copy sent again
+    has its answer: the history that would tell is not read in the client's timeout,
+    so the acquire fails as unknown, saying so; it does not wait on a member that may
+    never answer again."""
+    with EtcdCluster(1, binary=etcd_binary) as cluster:
+        member = cluster.members[0]
+        async with (
+            EtcdLeaseProvider(cluster.endpoints, timeout=1.0) as p,
+            EtcdLeaseProvider(cluster.endpoints, prefix=p.prefix) as elsewhere,
+        ):
+            original = p.client._attempt
+            answered: list[pb.TxnResponse] = []
+
+            async def attempt(
+                index: int,
+                path: str,
+                request: Message,
+                response_type: type[Message],
+                deadline: float,
+            ) -> Message:
+                response = await original(index, path, request, response_type, deadline)
+                if isinstance(response, pb.TxnResponse):
+                    answered.append(response)
+                    if len(answered) == 1:  # the first copy landed; o2 hands the key on
+                        assert await elsewhere.transfer_lease("k", "o2", "o0", 5000)
+                        raise lost_answer()
+                    if len(answered) == 2:  # the copy sent again found o0
+                        member.pause()
+                return response
+
+            monkeypatch.setattr(p.client, "_attempt", attempt)
+            try:
+                async with asyncio.timeout(20):  # bounds a wait for the history
+                    with pytest.raises(BackendUnavailable, match="was not read in time"):
+                        await p.acquire_lease("k", "o2", 5000)
+            finally:
+                member.resume()
+            assert [response.succeeded for response in answered] == [True, False]

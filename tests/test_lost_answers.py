@@ -567,3 +567,43 @@ async def test_a_move_whose_key_went_after_its_lost_copy_is_settled_from_the_his
     await settled(p)
     lease = lost[0].success[0].request_put.lease
     await assert_freed(p, lease)
+
+
+async def test_a_move_whose_key_went_before_it_was_sent_is_settled_as_not_landed(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key is deleted by hand after the transfer read it and before its move is
+    sent, and this client has seen that deletion (its revision is past it); the move's
+    answer is lost, and the copy sent again finds no key. The history from the
+    revision the move compares tells: the key went before any copy could land, so the
+    transfer answers False. (Read from the last revision the client had seen, the
+    history holds nothing more of the key: the call waited for it in vain, then failed
+    as unknown.)"""
+    p = etcd_provider
+    client = p.client
+    await p.acquire_lease("k", "alice", 5000)
+    original = client._attempt
+    deleted: list[int] = []
+    lost: list[pb.TxnRequest] = []
+
+    async def attempt(
+        index: int, path: str, request: Message, response_type: type[Message], deadline_s: float
+    ) -> Message:
+        response = await original(index, path, request, response_type, deadline_s)
+        if path.endswith("/Range") and not deleted:  # the transfer's read
+            by_hand = pb.TxnRequest(success=[delete(p.etcd_key("k"))])
+            gone = await original(index, "/etcdserverpb.KV/Txn", by_hand, pb.TxnResponse, 5.0)
+            assert isinstance(gone, pb.TxnResponse)
+            deleted.append(gone.header.revision)
+        elif isinstance(request, pb.TxnRequest) and not lost:  # the move's first copy
+            lost.append(request)
+            raise lost_answer()
+        return response
+
+    monkeypatch.setattr(client, "_attempt", attempt)
+    assert await p.transfer_lease("k", "alice", "bob", 5000) is False
+    assert deleted and client.revision_seen >= deleted[0]
+    assert lost and lost[0].success[0].request_put.value == b"bob"
+    assert await client.range(p.etcd_key("k")) is None
+    await settled(p)
+    await assert_freed(p, lost[0].success[0].request_put.lease)
