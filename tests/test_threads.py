@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -14,12 +17,20 @@ from etcd_leases import (
     EtcdLeaseProvider,
     HeldLease,
     LeaseLost,
+    LeaseTypeError,
     LeaseValueError,
 )
 from etcd_leases.etcd.inbox_keys import id_of, inbox_root
-from etcd_leases.inbox import MAX_PAYLOAD_BYTES
+from etcd_leases.inbox import MAX_PAYLOAD_BYTES, Inbox
 from etcd_leases.testing import EtcdCluster
-from etcd_leases.threads import Handler, InboxFull, Message, ThreadMessages, Threads
+from etcd_leases.threads import (
+    DeadLetter,
+    Handler,
+    InboxFull,
+    Message,
+    ThreadMessages,
+    Threads,
+)
 from tests.conftest import Live, unique_prefix
 
 
@@ -282,6 +293,48 @@ async def test_bad_input_is_refused_before_anything_is_written(live: Live) -> No
     assert [m.text for m in await live.provider.inbox.pending("t")] == ["1", "2"]
     assert await threads.run("t")
     await threads.send("t", "3")  # room again once the run caught up
+
+
+async def _first_batch(inbox: Inbox, thread: str) -> list[Message]:
+    async with contextlib.aclosing(inbox.watch(thread)) as batches:
+        return await anext(batches)
+
+
+# Every call of the inbox that names a thread, given ``thread`` for it.
+THREAD_CALLS: dict[str, Callable[[Inbox, Any], Awaitable[object]]] = {
+    "append": lambda inbox, thread: inbox.append(thread, b"x", 10),
+    "wake": lambda inbox, thread: inbox.wake(thread),
+    "count_woken": lambda inbox, thread: inbox.count_woken(thread),
+    "pending": lambda inbox, thread: inbox.pending(thread),
+    "count_pending": lambda inbox, thread: inbox.count_pending(thread),
+    "watch": _first_batch,
+    "ack": lambda inbox, thread: inbox.ack("k", "o", 1, Message(thread, 1, b"", "m")),
+    "release_if_empty": lambda inbox, thread: inbox.release_if_empty("k", "o", 1, thread),
+    "deliver": lambda inbox, thread: inbox.deliver("k", "o", 1, Message(thread, 1, b"", "m")),
+    "dead_letter": lambda inbox, thread: inbox.dead_letter(
+        "k", "o", 1, Message(thread, 1, b"", "m"), 3
+    ),
+    "dead_letters": lambda inbox, thread: inbox.dead_letters(thread),
+    "drop_dead_letter": lambda inbox, thread: inbox.drop_dead_letter(
+        DeadLetter(thread, 1, b"", "m", 3)
+    ),
+    "cancel_pending": lambda inbox, thread: inbox.cancel_pending("k", thread),
+    "abort": lambda inbox, thread: inbox.abort("k", thread),
+    "aborted": lambda inbox, thread: inbox.aborted(thread, 1),
+}
+
+
+async def test_every_inbox_call_refuses_a_thread_that_is_not_one_naming_it(live: Live) -> None:
+    """An empty thread, or one not a str, is refused by each call in words naming the
+    thread, as a key is (the contract's bad-input rules), before anything is sent."""
+    inbox = live.provider.inbox
+    for name, call in THREAD_CALLS.items():
+        with pytest.raises(LeaseValueError, match=r"^thread must not be empty$"):
+            await call(inbox, "")
+            pytest.fail(f"{name} took the empty thread")
+        with pytest.raises(LeaseTypeError, match=r"^thread must be a str, not int$"):
+            await call(inbox, 42)
+            pytest.fail(f"{name} took the thread 42")
 
 
 async def test_the_largest_payload_is_stored(live: Live) -> None:
