@@ -25,11 +25,17 @@ class Gated:
     cancelled: list[int] = field(default_factory=list)  # tokens of runs cut short
     holding: asyncio.Event = field(default_factory=asyncio.Event)
     go: asyncio.Event = field(default_factory=asyncio.Event)
+    messages: ThreadMessages | None = None  # the last run's
+
+    def queued(self) -> list[str]:
+        """What the last run has received and not handed to the handler yet."""
+        return [] if self.messages is None else [m.text for m in self.messages._waiting]
 
     def texts(self, thread: str) -> list[str]:
         return [text for name, text, _ in self.handled if name == thread]
 
     async def __call__(self, thread: str, lease: HeldLease, messages: ThreadMessages) -> None:
+        self.messages = messages
         try:
             async for message in messages:
                 self.handled.append((thread, message.text, lease.token))
@@ -115,11 +121,14 @@ async def test_cancel_pending_keeps_the_message_being_handled(live: Live) -> Non
     await asyncio.wait_for(handler.holding.wait(), 10)
     for text in ("a", "b", "c"):
         await threads.send("t", text)
+    # The run has a, b, c queued (without this wait, it received them only after they
+    # were gone now and then, and a run that never drops what was cancelled passed).
+    await eventually(lambda: handler.queued() == ["a", "b", "c"], "a, b, c queued")
     assert await threads.cancel_pending("t") == 3
     assert [m.text for m in await live.provider.inbox.pending("t")] == ["hold"]
     handler.go.set()
     assert await asyncio.wait_for(running, 10)
-    # The run had a, b, c queued already: the ack of "hold" told it they were gone.
+    # The ack of "hold" told the run that a, b, c were gone.
     assert handler.texts("t") == ["hold"]
     assert handler.acked == ["hold"]
     assert await live.provider.get_lease_owner(threads.key("t")) is None

@@ -203,7 +203,10 @@ async def test_acks_and_releases_are_fenced_by_the_token(live: Live) -> None:
     assert not await inbox.ack("thread/t", "run-1", first.token, message)
     assert not await inbox.ack("thread/t", "run-2", first.token, message)
     assert not await inbox.release_if_empty("thread/t", "run-2", second.token, "t")
+    # The holder's token named with another owner: the owner is compared too.
+    assert not await inbox.ack("thread/t", "run-1", second.token, message)
     assert await inbox.ack("thread/t", "run-2", second.token, message)
+    assert not await inbox.release_if_empty("thread/t", "run-1", second.token, "t")
     assert await inbox.pending("t") == []
     assert not await inbox.release_if_empty("thread/t", "run-1", first.token, "t")
     assert await inbox.release_if_empty("thread/t", "run-2", second.token, "t")
