@@ -75,12 +75,22 @@ async def test_a_send_id_is_forgotten_after_its_window(live: Live) -> None:
     threads = Threads(live.provider, Counting(), ttl_ms=5000, send_id_window_s=1)
     first = await threads.send("t", "x", send_id="req")
     sent_at = time.monotonic()
+    first_revision = 0
+    if isinstance(live.provider, EtcdLeaseProvider):
+        tomb = await live.provider.client.range(live.provider.inbox.keys.send_id("t", "req"))
+        assert tomb is not None
+        first_revision = tomb.mod_revision
     # etcd expires the tombstone with its lease, a little after the window.
     while (again := await threads.send("t", "x", send_id="req")).duplicate:
         assert time.monotonic() - sent_at < 30
         await asyncio.sleep(0.2)
     assert time.monotonic() - sent_at >= 1
     assert again.seq == first.seq + 1
+    if isinstance(live.provider, EtcdLeaseProvider):  # both of its tombstone's keys went
+        keys, client = live.provider.inbox.keys, live.provider.client
+        assert await client.range(keys.send_id_number("t", 1)) is None
+        kv = await client.range(keys.send_id("t", "req"))
+        assert kv is not None and kv.mod_revision > first_revision  # the second send's
 
 
 @pytest.mark.parametrize(
