@@ -31,7 +31,7 @@ from etcd_leases.threads import (
     ThreadMessages,
     Threads,
 )
-from tests.conftest import Live, unique_prefix
+from tests.conftest import Live, assert_freed, settled, unique_prefix
 
 
 @dataclass
@@ -209,8 +209,17 @@ async def test_acks_and_releases_are_fenced_by_the_token(live: Live) -> None:
     assert not await inbox.release_if_empty("thread/t", "run-1", second.token, "t")
     assert await inbox.pending("t") == []
     assert not await inbox.release_if_empty("thread/t", "run-1", first.token, "t")
+    provider = live.provider
+    lease = 0
+    if isinstance(provider, EtcdLeaseProvider):
+        kv = await provider.client.range(provider.etcd_key("thread/t"))
+        assert kv is not None
+        lease = kv.lease
     assert await inbox.release_if_empty("thread/t", "run-2", second.token, "t")
-    assert await live.provider.get_lease_owner("thread/t") is None
+    assert await provider.get_lease_owner("thread/t") is None
+    if isinstance(provider, EtcdLeaseProvider):  # the lease the key was on is freed
+        await settled(provider)
+        await assert_freed(provider, lease)
 
 
 async def test_an_ack_refuses_an_id_outside_its_threads_inbox(live: Live) -> None:
@@ -219,7 +228,7 @@ async def test_an_ack_refuses_an_id_outside_its_threads_inbox(live: Live) -> Non
     other = await inbox.append("u", b"other", 10)
     held = await provider.acquire_lease("thread/t", "run", 5000)
     assert held.token is not None
-    forged = [other.id, "thread/t", mine.id.rpartition("/")[0]]
+    forged = [other.id, "thread/t", mine.id.rpartition("/")[0], "\ud800"]  # no UTF-8
     if isinstance(provider, EtcdLeaseProvider):
         forged.append(id_of(provider.etcd_key("thread/t")))  # the lease key itself
     for message_id in forged:
