@@ -209,6 +209,7 @@ async def test_acks_and_releases_are_fenced_by_the_token(live: Live) -> None:
     assert not await inbox.release_if_empty("thread/t", "run-1", second.token, "t")
     assert await inbox.pending("t") == []
     assert not await inbox.release_if_empty("thread/t", "run-1", first.token, "t")
+    assert not await inbox.release_if_empty("thread/t", "run-2", first.token, "t")
     provider = live.provider
     lease = 0
     if isinstance(provider, EtcdLeaseProvider):
@@ -217,6 +218,7 @@ async def test_acks_and_releases_are_fenced_by_the_token(live: Live) -> None:
         lease = kv.lease
     assert await inbox.release_if_empty("thread/t", "run-2", second.token, "t")
     assert await provider.get_lease_owner("thread/t") is None
+    assert not await inbox.release_if_empty("thread/t", "run-2", second.token, "t")
     if isinstance(provider, EtcdLeaseProvider):  # the lease the key was on is freed
         await settled(provider)
         await assert_freed(provider, lease)
