@@ -417,6 +417,20 @@ async def test_concurrent_sends_to_one_thread_get_one_seq_each_in_ack_order(live
     assert every == list(range(1, 201))
     waiting = await live.provider.inbox.pending("busy")
     assert [message.seq for message in waiting] == every
+    for provider in (live.provider, *live.others):
+        if isinstance(provider, EtcdLeaseProvider):  # no send left its queue behind
+            assert not provider.inbox._queues
+
+
+async def test_append_checks_its_options_and_wakes_by_default(live: Live) -> None:
+    inbox = live.provider.inbox
+    with pytest.raises(LeaseTypeError, match=r"^send_id must be a SendId, not str$"):
+        await inbox.append("t", b"x", 10, "req")  # type: ignore[arg-type]
+    with pytest.raises(LeaseTypeError, match=r"^wake must be a bool, not str$"):
+        await inbox.append("t", b"x", 10, wake="yes")  # type: ignore[arg-type]
+    assert await inbox.pending("t") == []
+    await inbox.append("t", b"x", 10)
+    assert await inbox.count_woken("t") == 1
 
 
 async def test_threads_work_under_a_lease_prefix_without_a_final_slash(etcd: EtcdCluster) -> None:
