@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from google.protobuf.message import Message as ProtoMessage
 
 from etcd_leases import (
     EtcdLeaseProvider,
@@ -21,6 +22,7 @@ from etcd_leases import (
     LeaseValueError,
 )
 from etcd_leases.etcd.inbox_keys import id_of, inbox_root
+from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.inbox import MAX_PAYLOAD_BYTES, Inbox
 from etcd_leases.testing import EtcdCluster
 from etcd_leases.threads import (
@@ -431,6 +433,38 @@ async def test_append_checks_its_options_and_wakes_by_default(live: Live) -> Non
     assert await inbox.pending("t") == []
     await inbox.append("t", b"x", 10)
     assert await inbox.count_woken("t") == 1
+
+
+async def test_sends_queued_in_one_process_read_their_thread_once(
+    etcd_provider: EtcdLeaseProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten sends at once to a thread that has messages already: the first reads the
+    thread's ``seq`` key, and each send queued behind it takes that key from the answer
+    to the one before, so none conflicts with another: one read, one transaction a
+    send (a send that took the key for absent, or read it again, costs one more)."""
+    inbox = etcd_provider.inbox
+    await inbox.append("t", b"before", 100)
+    seq_key = inbox.keys.seq("t")
+    sent: Counter[str] = Counter()
+    original = etcd_provider.client._attempt
+
+    async def attempt(
+        index: int,
+        path: str,
+        request: ProtoMessage,
+        response_type: type[ProtoMessage],
+        deadline: float,
+    ) -> ProtoMessage:
+        if isinstance(request, pb.TxnRequest):
+            sent["txn"] += 1
+        elif isinstance(request, pb.RangeRequest) and request.key == seq_key:
+            sent["seq read"] += 1
+        return await original(index, path, request, response_type, deadline)
+
+    monkeypatch.setattr(etcd_provider.client, "_attempt", attempt)
+    stored = await asyncio.gather(*(inbox.append("t", b"%d" % i, 100) for i in range(10)))
+    assert [message.seq for message in stored] == list(range(2, 12))
+    assert sent == {"seq read": 1, "txn": 10}
 
 
 async def test_threads_work_under_a_lease_prefix_without_a_final_slash(etcd: EtcdCluster) -> None:
