@@ -27,11 +27,18 @@ class Counting:
 async def test_a_second_send_with_the_same_id_stores_nothing_and_says_so(live: Live) -> None:
     threads = Threads(live.provider, Counting(), ttl_ms=5000)
     first = await threads.send("t", "hello", send_id="req-1")
-    again = await threads.send("t", "hello", send_id="req-1")
+    again = await threads.send("t", "hello again", send_id="req-1")
     other = await threads.send("t", "hello", send_id="req-2")
     plain = [await threads.send("t", "hello") for _ in range(2)]
     assert not first.duplicate and again.duplicate and not other.duplicate
-    assert (again.seq, again.id) == (first.seq, first.id)
+    assert (first.thread, first.text) == ("t", "hello")
+    # The earlier send's message (seq, id), with this send's payload.
+    assert (again.thread, again.seq, again.id, again.text) == (
+        "t",
+        first.seq,
+        first.id,
+        "hello again",
+    )
     assert [m.seq for m in (other, *plain)] == [2, 3, 4]
     assert [m.seq for m in await live.provider.inbox.pending("t")] == [1, 2, 3, 4]
 
