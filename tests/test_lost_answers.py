@@ -357,8 +357,12 @@ async def test_a_send_id_settles_a_lost_answer_followed_by_another_send(
 
     lose_answers(1, handled_and_followed)
     if send_id is None:
-        with pytest.raises(BackendUnavailable):
+        with pytest.raises(BackendUnavailable) as unknown:
             await inbox.append("thread", b"hello", 100)
+        assert str(unknown.value) == (
+            "etcd: the answer to a send to 'thread' was lost and another send followed: "
+            "whether it was stored is unknown (a send id settles it)"
+        )
         assert lose_answers.lost == 1
         return
     message = await inbox.append("thread", b"hello", 100, send_id)
