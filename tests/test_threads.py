@@ -342,7 +342,7 @@ THREAD_CALLS: dict[str, Callable[[Inbox, Any], Awaitable[object]]] = {
 
 async def test_every_inbox_call_refuses_a_thread_that_is_not_one_naming_it(live: Live) -> None:
     """An empty thread, or one not a str, is refused by each call in words naming the
-    thread, as a key is (the contract's bad-input rules), before anything is sent."""
+    thread, as a key is (the contract's bad-input rules)."""
     inbox = live.provider.inbox
     for name, call in THREAD_CALLS.items():
         with pytest.raises(LeaseValueError, match=r"^thread must not be empty$"):
