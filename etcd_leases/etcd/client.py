@@ -303,6 +303,13 @@ class EtcdClient:
         )
         return (response.kvs[0] if response.kvs else None), response.header.revision
 
+    async def raft_term(self, key: bytes) -> int:
+        """The raft term a linearizable read of ``key`` was answered in: confirmed by a
+        quorum, so no leader of a later term had been elected before it."""
+        request = pb.RangeRequest(key=key, count_only=True)
+        response = await self.call("/etcdserverpb.KV/Range", request, pb.RangeResponse)
+        return response.header.raft_term
+
     async def range_prefix(self, prefix: bytes) -> list[pb.KeyValue]:
         """A linearizable read of every key under ``prefix``."""
         request = pb.RangeRequest(key=prefix, range_end=prefix_end(prefix))

@@ -17,6 +17,7 @@ from etcd_leases.errors import BackendError, BackendUnavailable, LeaseError, Per
 from etcd_leases.etcd.copies import TxnCopies
 from etcd_leases.etcd.history import put_landed
 from etcd_leases.etcd.keepalive import Renewal
+from etcd_leases.etcd.lease_expiry import expired_on_the_leader
 from etcd_leases.etcd.lease_ids import is_session_lease
 from etcd_leases.etcd.pool import Grant
 from etcd_leases.etcd.txn import Txn, delete, first_kv, get, mod_revision_is, put
@@ -64,20 +65,30 @@ class PooledTenures(TxnCopies):
             self._pool.forget(lease_id)
             self._background.start(self._client.revoke_quietly(lease_id))
 
-    async def _renew(self, lease_id: int, requested: asyncio.Future[Renewal] | None = None) -> int:
-        """Renew ``lease_id`` once on the one-shot renewal stream (or wait for the
-        renewal ``requested`` already); its TTL (s), 0 if it is gone."""
+    async def _renew(
+        self, lease_id: int, key: bytes, requested: asyncio.Future[Renewal] | None = None
+    ) -> int:
+        """Renew ``lease_id``, the lease of ``key``, once on the one-shot renewal stream
+        (or wait for the renewal ``requested`` already); its TTL (s), 0 if it is gone,
+        or if, its keep-alive unanswered, etcd's leader has it expired."""
         if requested is None:
             requested = self._renewals.request_renewal(lease_id)
-        sent_at, ttl_s = await self._renewals.answer(requested, lease_id, self._client.timeout)
+        try:
+            sent_at, ttl_s = await self._renewals.answer(requested, lease_id, self._client.timeout)
+        except BackendUnavailable:
+            if await expired_on_the_leader(self._client, lease_id, key):
+                return 0
+            raise
         if ttl_s > 0:
             self._pool.renewed(lease_id, sent_at + ttl_s)
         return ttl_s
 
-    async def _renewal_answered(self, lease_id: int, requested: asyncio.Future[Renewal]) -> None:
+    async def _renewal_answered(
+        self, lease_id: int, key: bytes, requested: asyncio.Future[Renewal]
+    ) -> None:
         """Let a renewal requested beside an interrupted put run its course."""
         with suppress(LeaseError):  # unanswered: the lease runs out sooner
-            await self._renew(lease_id, requested)
+            await self._renew(lease_id, key, requested)
 
     async def _attach(
         self, txn: Txn, grant: Grant, started: float, *, replaces: pb.KeyValue | None = None
@@ -104,18 +115,19 @@ class PooledTenures(TxnCopies):
         # it read, and a create lands after every answer seen before it is sent (the
         # grant of its lease's, at least).
         after = self._client.revision_seen if replaces is None else replaces.mod_revision
+        key = txn.request.success[0].request_put.key
         renewal = None
         if grant.valid_until < started + grant.ttl_s:
             renewal = self._renewals.request_renewal(grant.lease_id)
         try:
             response, answers_lost = await self._send_copies(txn)
             kv = first_kv(response)
-            alive = renewal is None or await self._renew(grant.lease_id, renewal) > 0
+            alive = renewal is None or await self._renew(grant.lease_id, key, renewal) > 0
         except BaseException as exc:
             if renewal is not None and not renewal.done():
                 # Sent, or about to be: its answer still tells the pool how long the
                 # lease lives, and a put that may have landed needs it (see below).
-                self._background.start(self._renewal_answered(grant.lease_id, renewal))
+                self._background.start(self._renewal_answered(grant.lease_id, key, renewal))
             if isinstance(exc, BackendError) and self._client.is_lease_not_found(exc):
                 self._pool.forget(grant.lease_id)
                 return None
@@ -220,7 +232,7 @@ class PooledTenures(TxnCopies):
         """
         if not kv.lease:  # written by hand without a lease: give it one
             return await self._move(etcd_key, kv, value, ttl_ms, started)
-        granted = await self._renew(kv.lease)
+        granted = await self._renew(kv.lease, kv.key)
         if granted <= 0:  # the lease is gone: so is the tenure
             return None
         if granted != self._ttl_s(ttl_ms):

@@ -213,7 +213,7 @@ class EtcdBackend(KeptTenures, FencedWrites):
             # A lease gone may also mean the owner moved its tenure since the read (a
             # re-acquire with another TTL, in any process, revokes the lease it left):
             # the next read tells, as a failed move does.
-            if kv.lease and not await self._renew(kv.lease):
+            if kv.lease and not await self._renew(kv.lease, etcd_key):
                 continue
             if await self._move(etcd_key, kv, to_owner.encode("utf-8"), ttl_ms, started):
                 return True
