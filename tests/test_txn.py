@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from etcd_leases.etcd.client import EtcdClient
+from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.etcd.txn import (
     Txn,
     create_revision_is,
     delete,
     first_kv,
     get,
+    lease_is,
     mod_revision_is,
     prefix_end,
     put,
@@ -47,6 +49,21 @@ async def test_key_compares_hold_exactly_for_the_key_as_it_is(client: EtcdClient
     await client.txn(Txn.when().then(put(key, b"w")).request)
     assert not await holds(client, mod_revision_is(key, revision))
     assert await holds(client, create_revision_is(key, revision))
+
+
+async def test_lease_is_holds_exactly_for_the_key_under_that_lease(client: EtcdClient) -> None:
+    key = unique_prefix().encode() + b"k"
+    lease, other = new_lease_id(), new_lease_id()
+    for granted in (lease, other):
+        await client.grant(60, granted)
+    assert not await holds(client, lease_is(key, lease))  # absent
+    await client.txn(Txn.when().then(put(key, b"v")).request)
+    assert not await holds(client, lease_is(key, lease))  # without a lease
+    await client.txn(Txn.when().then(put(key, b"v", lease)).request)
+    assert await holds(client, lease_is(key, lease))
+    assert not await holds(client, lease_is(key, other))
+    for granted in (lease, other):
+        await client.revoke(granted)
 
 
 def test_prefix_end_covers_exactly_the_keys_of_the_prefix() -> None:

@@ -20,7 +20,7 @@ from etcd_leases.etcd.keepalive import Renewal
 from etcd_leases.etcd.lease_expiry import expired_on_the_leader
 from etcd_leases.etcd.lease_ids import is_session_lease
 from etcd_leases.etcd.pool import Grant
-from etcd_leases.etcd.txn import Txn, delete, first_kv, get, mod_revision_is, put
+from etcd_leases.etcd.txn import Txn, delete, first_kv, get, lease_is, mod_revision_is, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 
 
@@ -70,15 +70,19 @@ class PooledTenures(TxnCopies):
     ) -> int:
         """Renew ``lease_id``, the lease of ``key``, once on the one-shot renewal stream
         (or wait for the renewal ``requested`` already); its TTL (s), 0 if it is gone,
-        or if, its keep-alive unanswered, etcd's leader has it expired."""
+        or if, its keep-alive unanswered, etcd's leader has it expired (the key on it
+        then deleted)."""
         if requested is None:
             requested = self._renewals.request_renewal(lease_id)
         try:
             sent_at, ttl_s = await self._renewals.answer(requested, lease_id, self._client.timeout)
         except BackendUnavailable:
-            if await expired_on_the_leader(self._client, lease_id, key):
-                return 0
-            raise
+            if not await expired_on_the_leader(self._client, lease_id, key):
+                raise
+            # Over, but its key stays until etcd gets to the revoke: gone before this
+            # answer, so no read after it finds the tenure still held.
+            await self._cas(Txn.when(lease_is(key, lease_id)).then(delete(key)))
+            return 0
         if ttl_s > 0:
             self._pool.renewed(lease_id, sent_at + ttl_s)
         return ttl_s

@@ -35,6 +35,11 @@ def mod_revision_at_most(key: bytes, revision: int) -> pb.Compare:
     )
 
 
+def lease_is(key: bytes, lease: int) -> pb.Compare:
+    """True when the key exists under ``lease``."""
+    return pb.Compare(key=key, target=pb.Compare.LEASE, result=pb.Compare.EQUAL, lease=lease)
+
+
 def range_is_empty(key: bytes, range_end: bytes) -> pb.Compare:
     """True when no key lies in ``[key, range_end)`` (etcd compares an empty range as absent)."""
     return pb.Compare(
