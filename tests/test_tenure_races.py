@@ -19,7 +19,7 @@ from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.lease_ids import new_lease_id
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster, EtcdMember
-from tests.conftest import KeepAliveCall, assert_freed, settled
+from tests.conftest import KeepAliveCall, assert_freed, settled, unique_prefix
 from tests.test_lost_answers import lease_of
 
 
@@ -200,6 +200,40 @@ async def test_a_keep_alive_unanswered_by_a_quiet_etcd_fails_naming_it(
                 assert member.paused
             finally:
                 member.resume()
+
+
+class UnsentKeepAlives(KeepAliveCall):
+    """A keep-alive call whose requests never leave: nothing answers them."""
+
+    async def write(self, request: pb.LeaseKeepAliveRequest) -> None:
+        pass
+
+
+async def test_a_lease_with_less_than_a_second_left_is_not_taken_for_expired(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd rounds a lease's TTL toward zero: 0 may have most of a second left. With the
+    keep-alive unanswered, the leader's 0 is not taken for an expiry: the transfer
+    fails as unknown, and alice's tenure is left to its TTL."""
+    prefix = unique_prefix()
+    async with (
+        EtcdLeaseProvider(etcd.endpoints, prefix=prefix) as holder,
+        EtcdLeaseProvider(etcd.endpoints, prefix=prefix, timeout=0.3) as mover,
+    ):
+        assert (await holder.acquire_lease("k", "alice", 2000)).acquired
+        lease = await lease_of(holder, "k")
+        for _ in range(300):  # 2 s, polled every 10 ms: from TTL 0 on, a second left at most
+            if (await holder.client.time_to_live(lease)).TTL == 0:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("etcd never answered a TTL of 0")
+        open_call = mover.client.keep_alive_stream
+        monkeypatch.setattr(
+            mover.client, "keep_alive_stream", lambda *args: UnsentKeepAlives(open_call(*args))
+        )
+        with pytest.raises(BackendUnavailable, match="keep-alive"):
+            await mover.transfer_lease("k", "alice", "bob", 5000)
 
 
 async def reacquired_after(provider: EtcdLeaseProvider, key: str, trial: int) -> bool:
