@@ -563,3 +563,39 @@ async def test_acknowledging_twice_is_harmless_and_an_abort_skips_what_was_ackno
         Threads(live.provider, handle, ttl_ms=5000), ["first", "blocks"], started
     )
     assert await live.provider.inbox.pending("t") == []
+
+
+async def test_an_inbox_watch_never_yields_a_message_again_after_a_compaction(
+    etcd: EtcdCluster, etcd_provider: EtcdLeaseProvider
+) -> None:
+    """A watch whose history was compacted away reads the whole inbox again: what it
+    yielded before (message 1, still unacknowledged) is not yielded a second time."""
+    inbox = etcd_provider.inbox
+    await inbox.append("t", b"1", 10)
+    batches = inbox.watch("t")
+    try:
+        assert [m.seq for m in await anext(batches)] == [1]
+        # Its watch starts after this batch, from a revision compacted by then.
+        for text in (b"2", b"3"):
+            await inbox.append("t", text, 10)
+        _, revision = await etcd_provider.client.range_at(b"any")
+        etcd.etcdctl("compact", str(revision))
+        await inbox.append("t", b"4", 10)
+        seen: list[int] = []
+        async with asyncio.timeout(10):
+            while 4 not in seen:
+                seen += [m.seq for m in await anext(batches)]
+        assert seen == [2, 3, 4]
+    finally:
+        await batches.aclose()
+
+
+async def test_an_inbox_watch_of_an_empty_thread_yields_nothing_then_the_first_message(
+    live: Live,
+) -> None:
+    inbox = live.provider.inbox
+    async with contextlib.aclosing(inbox.watch("t")) as batches:
+        assert await anext(batches) == []
+        sent = await inbox.append("t", b"1", 10)
+        async with asyncio.timeout(10):
+            assert await anext(batches) == [sent]
