@@ -578,14 +578,17 @@ async def test_an_inbox_watch_never_yields_a_message_again_after_a_compaction(
         # Its watch starts after this batch, from a revision compacted by then.
         for text in (b"2", b"3"):
             await inbox.append("t", text, 10)
-        _, revision = await etcd_provider.client.range_at(b"any")
+        # Compacted past the inbox's last change: nothing of it left to replay.
+        etcd.etcdctl("put", "elsewhere", "x")
+        _, revision = await etcd_provider.client.range_at(b"elsewhere")
         etcd.etcdctl("compact", str(revision))
-        await inbox.append("t", b"4", 10)
         seen: list[int] = []
         async with asyncio.timeout(10):
-            while 4 not in seen:
+            while 3 not in seen:  # no put after the compaction: the read again finds them
                 seen += [m.seq for m in await anext(batches)]
-        assert seen == [2, 3, 4]
+            assert seen == [2, 3]
+            await inbox.append("t", b"4", 10)
+            assert [m.seq for m in await anext(batches)] == [4]
     finally:
         await batches.aclose()
 
