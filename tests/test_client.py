@@ -16,6 +16,7 @@ from etcd_leases.etcd import client as client_module
 from etcd_leases.etcd.backoff import Backoff
 from etcd_leases.etcd.client import EtcdClient
 from etcd_leases.etcd.lease_ids import new_lease_id
+from etcd_leases.etcd.txn import Txn, put
 from etcd_leases.etcd.wire import etcd_leases_wire_pb2 as pb
 from etcd_leases.testing import EtcdCluster, free_ports
 
@@ -175,6 +176,21 @@ async def test_a_ca_file_alone_means_tls_to_plain_endpoints(etcd_binary: str) ->
             lease_id = new_lease_id()
             await client.grant(5, lease_id)
             assert await client.revoke(lease_id) is True
+        finally:
+            await client.close()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+async def test_an_answer_past_grpcs_default_size_limit_arrives(etcd_binary: str, tls: bool) -> None:
+    """etcd does not cap what it sends (a large range, a watch replaying history): an
+    answer past gRPC's 4 MiB default must arrive, on plain and TLS channels alike."""
+    with EtcdCluster(1, binary=etcd_binary, tls=tls) as etcd:
+        client = EtcdClient(etcd.endpoints, timeout=10.0, ca_cert=etcd.ca_cert if tls else None)
+        try:
+            value = b"x" * 1_000_000  # under etcd's 1.5 MiB limit on a request
+            for i in range(5):
+                await client.txn(Txn.when().then(put(b"big/%d" % i, value)).request)
+            assert [len(kv.value) for kv in await client.range_prefix(b"big/")] == [len(value)] * 5
         finally:
             await client.close()
 

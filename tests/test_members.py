@@ -167,6 +167,8 @@ NOT_HOST_PORT = "is not [http(s)://]host:port"
         (["a:1", 2379], "endpoints must be strings, got int"),
         ("ftp://a:1", "endpoints: 'ftp://a:1': the scheme must be http or https"),
         ("http://", f"endpoints: 'http://' {NOT_HOST_PORT}"),
+        # The scheme is what comes before the first "://": the rest is no host:port.
+        ("http://a:1://b", f"endpoints: 'http://a:1://b' {NOT_HOST_PORT}"),
         ("a:1/path", f"endpoints: 'a:1/path' {NOT_HOST_PORT}"),
         ("a:1?x=1", f"endpoints: 'a:1?x=1' {NOT_HOST_PORT}"),
         ("a:1#top", f"endpoints: 'a:1#top' {NOT_HOST_PORT}"),
