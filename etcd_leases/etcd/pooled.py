@@ -119,19 +119,19 @@ class PooledTenures(TxnCopies):
         # it read, and a create lands after every answer seen before it is sent (the
         # grant of its lease's, at least).
         after = self._client.revision_seen if replaces is None else replaces.mod_revision
-        key = txn.request.success[0].request_put.key
+        sent = txn.request.success[0].request_put
         renewal = None
         if grant.valid_until < started + grant.ttl_s:
             renewal = self._renewals.request_renewal(grant.lease_id)
         try:
             response, answers_lost = await self._send_copies(txn)
             kv = first_kv(response)
-            alive = renewal is None or await self._renew(grant.lease_id, key, renewal) > 0
+            alive = renewal is None or await self._renew(grant.lease_id, sent.key, renewal) > 0
         except BaseException as exc:
             if renewal is not None and not renewal.done():
                 # Sent, or about to be: its answer still tells the pool how long the
                 # lease lives, and a put that may have landed needs it (see below).
-                self._background.start(self._renewal_answered(grant.lease_id, key, renewal))
+                self._background.start(self._renewal_answered(grant.lease_id, sent.key, renewal))
             if isinstance(exc, BackendError) and self._client.is_lease_not_found(exc):
                 self._pool.forget(grant.lease_id)
                 return None
@@ -152,11 +152,10 @@ class PooledTenures(TxnCopies):
             landed = None
             try:
                 if answers_lost:  # the last copy failed: did an earlier one land?
-                    put = txn.request.success[0].request_put
                     landed = await put_landed(
                         self._watches,
-                        put.key,
-                        put.value,
+                        sent.key,
+                        sent.value,
                         grant.lease_id,
                         after=after,
                         # Up to the change the last copy found; none found (the key
